@@ -1,0 +1,35 @@
+"""mxamp: automatic mixed precision (float16 / bfloat16) for Apache MXNet 1.x and Gluon.
+
+``from mxamp import amp`` is a drop-in replacement for ``from mxnet.contrib import amp``::
+
+    from mxamp import amp
+    amp.init(target_dtype="bfloat16")      # patch MXNet's operators
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+    amp.init_trainer(trainer)              # dynamic loss scaling, skip-on-overflow
+    with mx.autograd.record():
+        loss = loss_fn(net(x), y)
+        with amp.scale_loss(loss, trainer) as scaled:
+            mx.autograd.backward(scaled)
+    trainer.step(batch_size)
+
+Every public function of :mod:`mxamp.amp` is re-exported here, so ``import mxamp;
+mxamp.init()`` works too.
+"""
+__version__ = "0.1.0"
+
+_MISSING_MXNET = (
+    "mxamp needs an MXNet 1.9.1 build, and none is importable ({err}). Install one with the "
+    "extra that matches your machine: pip install 'mxamp[cpu]' (CPU, bfloat16 through oneDNN) "
+    "or pip install 'mxamp[cu112]' (CUDA 11.2 GPUs, float16)."
+)
+
+try:
+    import mxnet as _mxnet  # noqa: F401
+except ImportError as _err:  # pragma: no cover - exercised in a subprocess test
+    raise ImportError(_MISSING_MXNET.format(err=_err)) from _err
+
+from . import amp  # noqa: E402
+from .amp import *  # noqa: E402,F401,F403
+from .amp import __all__ as _amp_all  # noqa: E402
+
+__all__ = ["amp", "__version__"] + list(_amp_all)

@@ -1,0 +1,110 @@
+"""The drop-in facade: the names and parameters of ``mxnet.contrib.amp``, and a few more.
+
+Replace ``from mxnet.contrib import amp`` with ``from mxamp import amp`` and a script keeps
+working. What each function does lives in its own module; this one only gathers them.
+
+>>> from mxamp import amp
+>>> amp.init(target_dtype='bfloat16')            # doctest: +SKIP
+>>> 'FullyConnected' in amp.list_lp16_ops('bfloat16')
+True
+"""
+from . import dtypes
+from .convert import (convert_bucketing_module, convert_hybrid_block, convert_model,
+                      convert_symbol)
+from .lists import get_op_lists
+from .patching import disabled, init, is_initialized, patch_state, target_dtype
+from .trainer import init_trainer, scale_loss, unscale
+
+__all__ = [
+    "init", "init_trainer", "scale_loss", "unscale", "convert_symbol", "convert_model",
+    "convert_hybrid_block", "convert_bucketing_module", "list_lp16_ops", "list_fp32_ops",
+    "list_lp16_fp32_ops", "list_conditional_fp32_ops", "list_widest_type_cast",
+    "list_loss_output_functions", "list_lp16_use_fp32_params", "list_fp16_ops",
+    "list_fp16_fp32_ops", "disabled", "is_initialized", "patch_state", "target_dtype",
+]
+
+
+def _lists(target_dtype):
+    return get_op_lists(dtypes.normalize(target_dtype))
+
+
+def list_lp16_ops(target_dtype="float16"):
+    """Ops whose inputs are cast to the low-precision target.
+
+    >>> 'Convolution' in list_lp16_ops('float16')
+    True
+    """
+    return sorted(_lists(target_dtype).low_precision)
+
+
+def list_fp32_ops(target_dtype="float16"):
+    """Ops whose inputs are cast to float32.
+
+    >>> 'softmax' in list_fp32_ops('bfloat16')
+    True
+    """
+    return sorted(_lists(target_dtype).fp32)
+
+
+def list_lp16_fp32_ops(target_dtype="float16"):
+    """Dtype-neutral ops: they run in whatever precision their input has.
+
+    >>> 'Flatten' in list_lp16_fp32_ops('bfloat16')
+    True
+    """
+    return sorted(_lists(target_dtype).neutral)
+
+
+def list_conditional_fp32_ops(target_dtype="float16"):
+    """``(op, parameter, [values])`` triples: the op runs in float32 for those values.
+
+    >>> ('Activation', 'act_type', ['softrelu']) in list_conditional_fp32_ops('float16')
+    True
+    """
+    cond = _lists(target_dtype).conditional_fp32
+    return [(op, param, list(values)) for op, (param, values) in sorted(cond.items())]
+
+
+def list_widest_type_cast(target_dtype="float16"):
+    """Multi-input ops that run in the widest float type among their inputs.
+
+    >>> 'Concat' in list_widest_type_cast('bfloat16')
+    True
+    """
+    return sorted(_lists(target_dtype).widest)
+
+
+def list_loss_output_functions(target_dtype="float16"):
+    """Loss-output ops whose ``grad_scale`` is multiplied by the loss scale.
+
+    >>> 'SoftmaxOutput' in list_loss_output_functions('float16')
+    True
+    """
+    return sorted(_lists(target_dtype).loss_output)
+
+
+def list_lp16_use_fp32_params(target_dtype="float16"):
+    """For low-precision ops, the inputs (by name) that stay float32, e.g. BatchNorm's statistics.
+
+    >>> isinstance(list_lp16_use_fp32_params('bfloat16'), dict)
+    True
+    """
+    return {op: list(names) for op, names in _lists(target_dtype).fp32_params.items()}
+
+
+def list_fp16_ops(target_dtype="float16"):
+    """Alias of :func:`list_lp16_ops` under its MXNet 1.5 name.
+
+    >>> list_fp16_ops() == list_lp16_ops('float16')
+    True
+    """
+    return list_lp16_ops(target_dtype)
+
+
+def list_fp16_fp32_ops(target_dtype="float16"):
+    """Alias of :func:`list_lp16_fp32_ops` under its MXNet 1.5 name.
+
+    >>> list_fp16_fp32_ops() == list_lp16_fp32_ops('float16')
+    True
+    """
+    return list_lp16_fp32_ops(target_dtype)

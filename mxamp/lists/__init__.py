@@ -1,0 +1,197 @@
+"""Op lists: which MXNet operator runs in which precision, per target dtype.
+
+The lists themselves are plain data in :mod:`mxamp.lists.float16` and
+:mod:`mxamp.lists.bfloat16`; this module turns them into an :class:`OpLists` value that the
+patcher, the graph converter and the trainer hook read. Nothing here imports MXNet.
+
+Categories (every forward operator registered in libmxnet 1.9.1 is in exactly one):
+
+``low_precision``
+    Inputs are cast to the target dtype (the ops that are faster there: GEMMs, convolutions).
+``fp32``
+    Inputs are cast to float32 (range-sensitive ops, and ops with no low-precision kernel).
+``widest``
+    Multi-input ops: every float input is cast to the widest float type among them.
+``neutral``
+    Run in whatever dtype their input has; never cause a cast.
+``conditional_fp32``
+    float32 only when a parameter has one of some values (``Activation(act_type='softrelu')``).
+
+Two more tables qualify these: ``fp32_params`` names the inputs of a low-precision op that stay
+float32 (BatchNorm statistics), and ``no_cpu_kernel`` the low-precision ops that have no kernel
+for the target on a CPU (they stay float32 there, so a GPU script still runs on a laptop).
+
+>>> from mxamp.lists import get_op_lists
+>>> lists = get_op_lists('bfloat16')
+>>> lists.category('Convolution')
+'low_precision'
+"""
+import importlib
+from dataclasses import dataclass, field, replace
+
+CATEGORIES = ("low_precision", "fp32", "widest", "neutral", "conditional_fp32")
+
+
+@dataclass(frozen=True)
+class OpLists:
+    """The classification of operators for one target dtype (immutable).
+
+    >>> get_op_lists('float16').category('softmax')
+    'fp32'
+    """
+
+    target: str
+    low_precision: frozenset
+    fp32: frozenset
+    widest: frozenset
+    neutral: frozenset
+    #: op name -> (parameter name, tuple of values that make the op run in float32)
+    conditional_fp32: dict
+    loss_output: frozenset
+    #: op name -> tuple of input names that stay float32 when the op runs in low precision
+    fp32_params: dict
+    no_cpu_kernel: frozenset
+    reasons: dict = field(default_factory=dict, compare=False)
+
+    def category(self, op_name):
+        """The category of ``op_name`` (one of :data:`CATEGORIES`), or None if unclassified.
+
+        >>> get_op_lists('float16').category('Concat')
+        'widest'
+        """
+        for cat in ("low_precision", "fp32", "widest", "neutral"):
+            if op_name in getattr(self, cat):
+                return cat
+        if op_name in self.conditional_fp32:
+            return "conditional_fp32"
+        return None
+
+    def all_ops(self):
+        """Every op name any category holds.
+
+        >>> 'FullyConnected' in get_op_lists('float16').all_ops()
+        True
+        """
+        return (set(self.low_precision) | set(self.fp32) | set(self.widest) | set(self.neutral)
+                | set(self.conditional_fp32))
+
+    def reason(self, op_name):
+        """The short reason recorded for an op's category ('' where it is obvious).
+
+        >>> isinstance(get_op_lists('bfloat16').reason('dot'), str)
+        True
+        """
+        return self.reasons.get(op_name, "")
+
+    def with_overrides(self, target_precision_ops=None, conditional_fp32_ops=None,
+                       fp32_ops=None, known_ops=None):
+        """A copy in which the given lists replace the defaults of their category.
+
+        The parameters mean what they mean in ``amp.init``: ``target_precision_ops`` and
+        ``fp32_ops`` are lists of op names, ``conditional_fp32_ops`` a list of
+        ``(op name, parameter name, [values])``. An op named in an override leaves its old
+        category; an op that a replaced default list held and no override names becomes
+        neutral. Raises ``ValueError`` for a name in two lists or (given ``known_ops``, the
+        registered operator names) for a name that is not an operator.
+
+        >>> lists = get_op_lists('float16').with_overrides(fp32_ops=['FullyConnected'])
+        >>> lists.category('FullyConnected')
+        'fp32'
+        """
+        given = {}
+        if target_precision_ops is not None:
+            given["target_precision_ops"] = _names(target_precision_ops, "target_precision_ops")
+        if fp32_ops is not None:
+            given["fp32_ops"] = _names(fp32_ops, "fp32_ops")
+        conditional = None
+        if conditional_fp32_ops is not None:
+            conditional = _conditional(conditional_fp32_ops)
+            given["conditional_fp32_ops"] = list(conditional)
+        _check_disjoint(given)
+        if known_ops is not None:
+            unknown = sorted({n for names in given.values() for n in names} - set(known_ops))
+            if unknown:
+                raise ValueError(
+                    "not registered MXNet operators: %s (amp.list_lp16_ops(), "
+                    "amp.list_fp32_ops() and mx.operator.get_all_registered_operators() "
+                    "list valid names)" % ", ".join(unknown))
+        named = {n for names in given.values() for n in names}
+        low = set(self.low_precision) - named
+        fp32 = set(self.fp32) - named
+        cond = {k: v for k, v in self.conditional_fp32.items() if k not in named}
+        neutral = set(self.neutral) - named
+        widest = set(self.widest) - named
+        if "target_precision_ops" in given:
+            neutral |= low
+            low = set(given["target_precision_ops"])
+        if "fp32_ops" in given:
+            neutral |= fp32
+            fp32 = set(given["fp32_ops"])
+        if conditional is not None:
+            neutral |= set(cond)
+            cond = conditional
+        return replace(self, low_precision=frozenset(low), fp32=frozenset(fp32),
+                       widest=frozenset(widest), neutral=frozenset(neutral - low - fp32 - set(cond)),
+                       conditional_fp32=cond)
+
+
+def _names(ops, what):
+    if isinstance(ops, str) or not all(isinstance(o, str) for o in ops):
+        raise ValueError("%s must be a list of operator names (strings), got %r" % (what, ops))
+    return list(ops)
+
+
+def _conditional(entries):
+    out = {}
+    for entry in entries:
+        ok = (isinstance(entry, (list, tuple)) and len(entry) == 3 and isinstance(entry[0], str)
+              and isinstance(entry[1], str) and isinstance(entry[2], (list, tuple)))
+        if not ok:
+            raise ValueError("conditional_fp32_ops entries must be (op name, parameter name, "
+                             "[parameter values]), got %r" % (entry,))
+        if entry[0] in out:
+            raise ValueError("conditional_fp32_ops names %r twice" % entry[0])
+        out[entry[0]] = (entry[1], tuple(str(v) for v in entry[2]))
+    return out
+
+
+def _check_disjoint(given):
+    keys = list(given)
+    for i, a in enumerate(keys):
+        for b in keys[i + 1:]:
+            both = sorted(set(given[a]) & set(given[b]))
+            if both:
+                raise ValueError("ops placed in both %s and %s: %s; an op runs in one precision"
+                                 % (a, b, ", ".join(both)))
+
+
+_CACHE = {}
+
+
+def get_op_lists(target):
+    """The default :class:`OpLists` for ``'float16'`` or ``'bfloat16'`` (cached).
+
+    >>> get_op_lists('bfloat16').target
+    'bfloat16'
+    """
+    if target not in ("float16", "bfloat16"):
+        raise ValueError("op lists exist for 'float16' and 'bfloat16', not %r" % (target,))
+    if target not in _CACHE:
+        data = importlib.import_module("mxamp.lists." + target)
+        reasons = {}
+        for table in ("LOW_PRECISION", "FP32", "WIDEST", "NEUTRAL"):
+            reasons.update({k: v for k, v in getattr(data, table).items() if v})
+        reasons.update({k: v[2] for k, v in data.CONDITIONAL_FP32.items() if v[2]})
+        _CACHE[target] = OpLists(
+            target=target,
+            low_precision=frozenset(data.LOW_PRECISION),
+            fp32=frozenset(data.FP32),
+            widest=frozenset(data.WIDEST),
+            neutral=frozenset(data.NEUTRAL),
+            conditional_fp32={k: (v[0], tuple(v[1])) for k, v in data.CONDITIONAL_FP32.items()},
+            loss_output=frozenset(data.LOSS_OUTPUT),
+            fp32_params={k: tuple(v) for k, v in data.FP32_PARAMS.items()},
+            no_cpu_kernel=frozenset(data.NO_CPU_KERNEL),
+            reasons=reasons,
+        )
+    return _CACHE[target]
