@@ -1,12 +1,252 @@
-"""Stub: replaced shortly."""
+"""``amp.init``: patch MXNet's operator namespaces so every op runs in its listed precision.
+
+All of mxamp's global state lives in the one :class:`PatchRegistry` held by this module: which
+target dtype is active, which op lists (with the user's overrides) apply, and every function it
+replaced, so that the patch can be inspected (:func:`patch_state`) and undone (:func:`reset`).
+
+>>> from mxamp import amp
+>>> amp.init(target_dtype='bfloat16')                       # doctest: +SKIP
+>>> amp.patch_state()['target_dtype']                      # doctest: +SKIP
+'bfloat16'
+"""
 import contextlib
-def init(target_dtype="float16", target_precision_ops=None, conditional_fp32_ops=None, fp32_ops=None):
-    raise NotImplementedError
-def disabled():
-    return contextlib.nullcontext()
+import gc
+import logging
+import threading
+import time
+
+from . import dtypes, opfuncs, wrappers
+from .casting import SYMBOL_DTYPES
+from .lists import get_op_lists
+
+LOG = logging.getLogger(__name__)
+
+
+class PatchRegistry:
+    """The patch ``amp.init`` applied: target, op lists and the replaced functions."""
+
+    def __init__(self):
+        self.target = None
+        self.lists = None
+        self.arguments = None
+        self.replaced = []          # (module, attribute, original, wrapper)
+        self.categories = {}        # category -> number of wrapped functions
+        self.init_seconds = 0.0
+        self.lock = threading.RLock()
+
+    @property
+    def active(self):
+        return self.target is not None
+
+    def apply(self, target, lists):
+        """Wrap every generated operator function according to ``lists``."""
+        start = time.perf_counter()
+        loss_wrap = _loss_output_wrapper()
+        for fn in opfuncs.find_op_functions():
+            policy = _policy(lists, fn.op_name, target)
+            if policy is None:
+                continue
+            wrapped = wrappers.make_wrapper(fn.func, policy, fn.is_symbol)
+            if loss_wrap is not None and fn.op_name in lists.loss_output:
+                wrapped = loss_wrap(wrapped, fn.op_name, fn.is_symbol)
+            for module, attr in fn.bindings:
+                setattr(module, attr, wrapped)
+                self.replaced.append((module, attr, fn.func, wrapped))
+            self.categories[policy.category] = self.categories.get(policy.category, 0) + 1
+        self.target, self.lists = target, lists
+        self.init_seconds = time.perf_counter() - start
+
+    def restore(self):
+        """Put every original function back."""
+        for module, attr, original, wrapped in reversed(self.replaced):
+            if getattr(module, attr, None) is wrapped:
+                setattr(module, attr, original)
+        self.__init__()
+
+
+def _policy(lists, op_name, target):
+    category = lists.category(op_name)
+    if category is None:
+        return None
+    cond = lists.conditional_fp32.get(op_name, ())
+    return wrappers.Policy(
+        category=category, target=target, op_name=op_name,
+        fp32_params=tuple(lists.fp32_params.get(op_name, ())),
+        condition=cond,
+        no_cpu_kernel=target == "float16" and op_name in lists.no_cpu_kernel)
+
+
+def _loss_output_wrapper():
+    try:
+        from .loss_outputs import wrap_loss_output  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        return None
+    return wrap_loss_output
+
+
+REGISTRY = PatchRegistry()
+
+
+def init(target_dtype="float16", target_precision_ops=None, conditional_fp32_ops=None,
+         fp32_ops=None):
+    """Turn on automatic mixed precision: patch MXNet's operators for ``target_dtype``.
+
+    Parameters are those of ``mxnet.contrib.amp.init``: ``target_dtype`` is ``'float16'``
+    (GPU) or ``'bfloat16'`` (CPU) in any spelling; ``target_precision_ops``, ``fp32_ops``
+    (lists of op names) and ``conditional_fp32_ops`` (``(op, parameter, [values])``) replace
+    the default list of their category. Calling ``init`` again with the same arguments does
+    nothing; with different ones it raises ``RuntimeError`` (call :func:`reset` first).
+    Hybridized blocks that already built their graph rebuild it on their next call.
+
+    >>> from mxamp import amp
+    >>> amp.init('bfloat16')                                   # doctest: +SKIP
+    >>> mx.nd.FullyConnected(x, w, no_bias=True, num_hidden=4).dtype   # doctest: +SKIP
+    dtype([('bfloat16', '<u2')])
+    """
+    target = dtypes.normalize(target_dtype)
+    arguments = (target, _frozen(target_precision_ops), _frozen(conditional_fp32_ops),
+                 _frozen(fp32_ops))
+    with REGISTRY.lock:
+        if REGISTRY.active:
+            if REGISTRY.arguments == arguments:
+                return
+            raise RuntimeError(
+                "amp.init was already called with target_dtype=%r%s; a process runs one AMP "
+                "configuration. Call mxamp.patching.reset() before initialising again."
+                % (REGISTRY.target, "" if REGISTRY.target != target else
+                   " and other op-list overrides"))
+        lists = get_op_lists(target).with_overrides(
+            target_precision_ops=target_precision_ops, conditional_fp32_ops=conditional_fp32_ops,
+            fp32_ops=fp32_ops, known_ops=opfuncs.registered_ops().names)
+        lists = _canonicalize(lists)
+        REGISTRY.apply(target, lists)
+        REGISTRY.arguments = arguments
+        _set_reference_flag(True)
+        rebuilt = _drop_cached_graphs()
+    LOG.info("mxamp: AMP on, target %s; %d operator functions wrapped in %.0f ms%s", target,
+             len(REGISTRY.replaced), REGISTRY.init_seconds * 1e3,
+             "; %d hybridized blocks will rebuild their graph" % rebuilt if rebuilt else "")
+
+
+def _frozen(value):
+    if value is None:
+        return None
+    return tuple(tuple(v) if isinstance(v, list) else v for v in value)
+
+
+def _canonicalize(lists):
+    """Lists may name an alias (``flatten``); the patcher looks ops up by canonical name."""
+    canon = opfuncs.registered_ops().canonical
+    from dataclasses import replace  # pylint: disable=import-outside-toplevel
+
+    def names(ops):
+        return frozenset(canon.get(o, o) for o in ops)
+
+    return replace(
+        lists, low_precision=names(lists.low_precision), fp32=names(lists.fp32),
+        widest=names(lists.widest), neutral=names(lists.neutral),
+        conditional_fp32={canon.get(k, k): v for k, v in lists.conditional_fp32.items()},
+        loss_output=names(lists.loss_output), no_cpu_kernel=names(lists.no_cpu_kernel),
+        fp32_params={canon.get(k, k): v for k, v in lists.fp32_params.items()})
+
+
+def _set_reference_flag(value):
+    """Libraries test ``mxnet.contrib.amp.amp._amp_initialized`` (GluonNLP's attention cell)."""
+    try:
+        from mxnet.contrib.amp import amp as reference  # pylint: disable=import-outside-toplevel
+    except ImportError:  # pragma: no cover - every MXNet 1.9 build ships contrib.amp
+        return
+    reference._amp_initialized = value  # pylint: disable=protected-access
+
+
+def _drop_cached_graphs():
+    """Make hybridized blocks that already built their graph rebuild it (now with casts)."""
+    from mxnet.gluon import HybridBlock  # pylint: disable=import-outside-toplevel
+    count = 0
+    for obj in gc.get_objects():
+        if isinstance(obj, HybridBlock) and getattr(obj, "_cached_graph", ()):
+            obj._clear_cached_op()  # pylint: disable=protected-access
+            count += 1
+    return count
+
+
+def reset():
+    """Undo :func:`init`: restore every original operator function (mainly for tests).
+
+    >>> from mxamp import patching
+    >>> patching.reset(); patching.is_initialized()
+    False
+    """
+    with REGISTRY.lock:
+        was_active = REGISTRY.active
+        REGISTRY.restore()
+        SYMBOL_DTYPES.clear()
+        _set_reference_flag(False)
+        if was_active:
+            _drop_cached_graphs()
+
+
 def is_initialized():
-    return False
+    """True once :func:`init` has patched MXNet.
+
+    >>> isinstance(is_initialized(), bool)
+    True
+    """
+    return REGISTRY.active
+
+
 def target_dtype():
-    return None
+    """``'float16'`` or ``'bfloat16'`` after :func:`init`, else None.
+
+    >>> target_dtype() in (None, 'float16', 'bfloat16')
+    True
+    """
+    return REGISTRY.target
+
+
+def op_lists():
+    """The :class:`~mxamp.lists.OpLists` in force (with the user's overrides), or None.
+
+    >>> op_lists() is None or op_lists().target in ('float16', 'bfloat16')
+    True
+    """
+    return REGISTRY.lists
+
+
 def patch_state():
-    return {}
+    """A summary of the patch: target, wrapped functions per category, patched modules, timing.
+
+    >>> sorted(patch_state())[:3]
+    ['categories', 'disabled', 'init_ms']
+    """
+    modules = sorted({module.__name__ for module, _, _, _ in REGISTRY.replaced})
+    return {
+        "initialized": REGISTRY.active,
+        "target_dtype": REGISTRY.target,
+        "wrapped_functions": len({id(w) for _, _, _, w in REGISTRY.replaced}),
+        "bindings": len(REGISTRY.replaced),
+        "categories": dict(REGISTRY.categories),
+        "modules": modules,
+        "init_ms": round(REGISTRY.init_seconds * 1e3, 1),
+        "disabled": not wrappers.amp_enabled(),
+        "tracked_symbols": len(SYMBOL_DTYPES),
+    }
+
+
+@contextlib.contextmanager
+def disabled():
+    """A region (of this thread) where no op runs in low precision: inputs go to float32.
+
+    Imperative calls and graphs built inside the region are affected; a hybridized block keeps
+    the graph it already built.
+
+    >>> from mxamp import amp
+    >>> with amp.disabled():                                 # doctest: +SKIP
+    ...     loss = custom_loss(pred, label)                  # runs in float32
+    """
+    state = wrappers.STATE
+    state.disabled = getattr(state, "disabled", 0) + 1
+    try:
+        yield
+    finally:
+        state.disabled -= 1

@@ -1,0 +1,259 @@
+"""Wrap one operator function so that it runs in the precision its op list gives it.
+
+``make_wrapper`` reads a :class:`Policy` (what the op lists say about one operator) and returns a
+function with the original's name, doc and signature behaviour that casts the tensor inputs
+before calling the original:
+
+* ``low_precision``: float inputs to the target dtype (``fp32_params`` inputs excepted);
+* ``fp32``: low-precision inputs to float32;
+* ``widest``: every float input to the widest float type among them;
+* ``neutral``: nothing (on Symbols the output's dtype is still tracked);
+* ``conditional_fp32``: like ``fp32`` when the parameter has one of the listed values.
+
+float16 operators with no CPU kernel stay float32 on CPU arrays (and in Symbols when the process
+has no GPU), with one warning per operator. Inside :func:`mxamp.patching.disabled` every op
+behaves as ``fp32``.
+
+>>> import mxnet as mx
+>>> from mxamp.wrappers import Policy, make_wrapper
+>>> relu = make_wrapper(mx.nd.relu, Policy('fp32', 'bfloat16'), is_symbol=False)
+>>> relu(mx.nd.ones((2,), dtype='float16')).dtype
+<class 'numpy.float32'>
+"""
+import functools
+import inspect
+import threading
+import warnings
+from dataclasses import dataclass
+
+from . import dtypes
+from .casting import (NDArray, SYMBOL_DTYPES, Symbol, array_dtype, cast_ndarray)
+from .opfuncs import gpu_available
+
+_FLOATS = ("float16", "bfloat16", "float32")
+_NOT_INPUTS = ("out", "name", "attr")
+_CAST_OPS = ("Cast", "amp_cast", "_npi_cast")
+_OUTPUT_FOLLOWS_LAST = ("Embedding", "_contrib_SparseEmbedding")
+
+#: Per-thread switch behind ``amp.disabled()``.
+STATE = threading.local()
+
+
+def amp_enabled():
+    """False inside ``amp.disabled()`` on this thread.
+
+    >>> amp_enabled()
+    True
+    """
+    return not getattr(STATE, "disabled", 0)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the op lists say about one operator, for one target dtype."""
+
+    category: str                    # one of mxamp.lists.CATEGORIES
+    target: str                      # 'float16' or 'bfloat16'
+    op_name: str = ""
+    fp32_params: tuple = ()          # input names kept float32 by low-precision ops
+    condition: tuple = ()            # (parameter, values) for conditional_fp32
+    no_cpu_kernel: bool = False      # float16 op with no CPU kernel
+
+
+_warned_cpu = set()
+
+
+def _warn_cpu_fallback(op_name):
+    if op_name not in _warned_cpu:
+        _warned_cpu.add(op_name)
+        warnings.warn("mxamp: %s has no float16 kernel on the CPU; it runs in float32 there "
+                      "(float16 needs a GPU context)" % op_name, RuntimeWarning, stacklevel=4)
+
+
+def _tensor_slots(args, kwargs, tensor_type):
+    """Positions (('a', i) or ('k', name)) of the tensor inputs of a call."""
+    slots = [("a", i) for i, a in enumerate(args) if isinstance(a, tensor_type)]
+    slots += [("k", k) for k, v in kwargs.items()
+              if k not in _NOT_INPUTS and isinstance(v, tensor_type)]
+    return slots
+
+
+def _get(args, kwargs, slot):
+    return args[slot[1]] if slot[0] == "a" else kwargs[slot[1]]
+
+
+def _set(args, kwargs, slot, value):
+    if slot[0] == "a":
+        args[slot[1]] = value
+    else:
+        kwargs[slot[1]] = value
+
+
+def _positional_names(func):
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    return tuple(p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD)
+
+
+def _condition_holds(policy, kwargs):
+    param, values = policy.condition
+    return param in kwargs and str(kwargs[param]) in values
+
+
+def _plan(policy, kwargs, on_cpu):
+    """Decide ('to', dtype) / ('widest', None) / ('none', None) for one call."""
+    if not amp_enabled():
+        return "to", "float32"
+    cat = policy.category
+    if cat == "conditional_fp32":
+        cat = "fp32" if _condition_holds(policy, kwargs) else "neutral"
+    if cat == "low_precision":
+        if policy.no_cpu_kernel and on_cpu():
+            _warn_cpu_fallback(policy.op_name)
+            return "to", "float32"
+        return "to", policy.target
+    if cat == "fp32":
+        return "to", "float32"
+    if cat == "widest":
+        return "widest", None
+    return "none", None
+
+
+def _skip_names(policy, func):
+    """Slot keys of inputs a low-precision op keeps in float32."""
+    if not policy.fp32_params:
+        return frozenset()
+    names = _positional_names(func)
+    skip = {("k", n) for n in policy.fp32_params}
+    skip |= {("a", i) for i, n in enumerate(names) if n in policy.fp32_params}
+    return frozenset(skip)
+
+
+def _ndarray_wrapper(func, policy):
+    skip = _skip_names(policy, func)
+    neutral = policy.category == "neutral"
+
+    def wrapped(*args, **kwargs):
+        if neutral and amp_enabled():
+            return func(*args, **kwargs)
+        slots = _tensor_slots(args, kwargs, NDArray)
+        if not slots:
+            return func(*args, **kwargs)
+        args = list(args)
+        first = _get(args, kwargs, slots[0])
+        mode, to = _plan(policy, kwargs, lambda: first.context.device_type == "cpu")
+        if mode == "to":
+            for slot in slots:
+                if slot in skip and to != "float32":
+                    continue
+                arr = _get(args, kwargs, slot)
+                cur = array_dtype(arr)
+                if cur is not None and cur != to and (to != "float32" or cur != "float64"):
+                    _set(args, kwargs, slot, cast_ndarray(arr, to))
+        elif mode == "widest":
+            found = [array_dtype(_get(args, kwargs, s)) for s in slots]
+            kinds = {d for d in found if d is not None}
+            if len(kinds) > 1:
+                wide = dtypes.widest(kinds)
+                for slot, cur in zip(slots, found):
+                    if cur is not None and cur != wide:
+                        _set(args, kwargs, slot, cast_ndarray(_get(args, kwargs, slot), wide))
+        return func(*args, **kwargs)
+
+    return wrapped
+
+
+def _symbol_output_dtype(policy, mode, to, in_dtypes, kwargs):
+    if policy.op_name in _CAST_OPS and "dtype" in kwargs:
+        try:
+            return dtypes.name_of(kwargs["dtype"])
+        except TypeError:
+            return None
+    if mode == "to":
+        return to
+    if not in_dtypes:
+        return None
+    if mode == "widest":
+        return None if None in in_dtypes else dtypes.widest(set(in_dtypes))
+    # A dtype-neutral op returns the dtype of its data input: the first one (BatchNorm's
+    # statistics stay float32 while its data is low precision), or Embedding's weight.
+    if policy.op_name in _OUTPUT_FOLLOWS_LAST:
+        return in_dtypes[-1]
+    return in_dtypes[0]
+
+
+def _symbol_wrapper(func, policy):
+    skip = _skip_names(policy, func)
+    table = SYMBOL_DTYPES
+
+    def wrapped(*args, **kwargs):
+        slots = _tensor_slots(args, kwargs, Symbol)
+        args = list(args)
+        mode, to = _plan(policy, kwargs, lambda: not gpu_available())
+        in_dtypes = [table.dtype_of(_get(args, kwargs, s)) for s in slots]
+        if mode == "to":
+            for slot, cur in zip(slots, in_dtypes):
+                if (slot in skip and to != "float32") or cur == to or cur == "float64":
+                    continue
+                if cur is None or cur in _FLOATS:
+                    _set(args, kwargs, slot, table.cast(_get(args, kwargs, slot), to))
+        elif mode == "widest" and len(slots) > 1:
+            known = {d for d in in_dtypes if d is not None}
+            if None in in_dtypes:
+                casted = table.multicast([_get(args, kwargs, s) for s in slots])
+                for slot, sym in zip(slots, casted):
+                    _set(args, kwargs, slot, sym)
+            elif len(known) > 1:
+                wide = dtypes.widest(known)
+                for slot, cur in zip(slots, in_dtypes):
+                    if cur != wide:
+                        _set(args, kwargs, slot, table.cast(_get(args, kwargs, slot), wide))
+        out = func(*args, **kwargs)
+        if mode == "to" and to != "float32" and slots:
+            explicit = {_get(args, kwargs, s).name for s in slots}
+            out = _cast_implicit_inputs(out, explicit, to, policy)
+        if isinstance(out, Symbol):
+            table.record(out, _symbol_output_dtype(policy, mode, to, in_dtypes, kwargs))
+        return out
+
+    return wrapped
+
+
+def _cast_implicit_inputs(out, explicit, to, policy):
+    """Cast inputs MXNet created implicitly (``sym.FullyConnected(x, num_hidden=8)``).
+
+    ``explicit`` holds the names of the inputs the caller passed (already cast)."""
+    if not isinstance(out, Symbol) or len(out.list_outputs()) != 1:
+        return out
+    children = out.get_children()
+    if children is None or len(children.list_outputs()) <= len(explicit):
+        return out
+    aux = set(out.list_auxiliary_states())
+    inputs = []
+    for i in range(len(children.list_outputs())):
+        child = children[i]
+        name = child.name
+        keep = name in aux or any(name.endswith("_" + p) for p in policy.fp32_params)
+        if keep or name in explicit:
+            inputs.append(child)
+        else:
+            inputs.append(SYMBOL_DTYPES.cast(child, to))
+    rebuilt = out._gen_atomic_symbol()(*inputs, name=out.name)  # pylint: disable=protected-access
+    return rebuilt
+
+
+def make_wrapper(func, policy, is_symbol):
+    """A function that applies ``policy`` to ``func``'s inputs, then calls ``func``.
+
+    >>> import mxnet as mx
+    >>> w = make_wrapper(mx.sym.softmax, Policy('fp32', 'bfloat16', 'softmax'), is_symbol=True)
+    >>> w(mx.sym.var('x')).get_children().name.endswith('amp_cast')
+    True
+    """
+    build = _symbol_wrapper if is_symbol else _ndarray_wrapper
+    wrapped = functools.wraps(func)(build(func, policy))
+    wrapped.__mxamp_original__ = func
+    wrapped.__mxamp_policy__ = policy
+    return wrapped

@@ -1,0 +1,43 @@
+"""Shared fixtures: every test that turns AMP on turns it off again, whatever happens."""
+import os
+
+# MXNet spawns one OpenMP thread per core per process; the tests are small, keep them lean.
+# (Set before MXNet is imported: it reads the variable once.)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import mxnet as mx  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def seed():
+    """Fix MXNet's and numpy's random state."""
+    mx.random.seed(42)
+    np.random.seed(42)
+    return 42
+
+
+@pytest.fixture
+def amp_off():
+    """Make sure AMP is off before and after the test."""
+    from mxamp import patching
+    patching.reset()
+    yield
+    patching.reset()
+
+
+@pytest.fixture
+def amp_bf16(amp_off):
+    """AMP on with the bfloat16 target for one test."""
+    from mxamp import amp
+    amp.init(target_dtype="bfloat16")
+    yield amp
+
+
+@pytest.fixture
+def amp_fp16(amp_off):
+    """AMP on with the float16 target for one test (CPU: ops without fp16 kernels stay fp32)."""
+    from mxamp import amp
+    amp.init(target_dtype="float16")
+    yield amp

@@ -1,0 +1,339 @@
+"""amp.init patching: the dtype each op family produces, on NDArray, Symbol, Gluon and mx.np."""
+import warnings
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd, gluon
+
+from mxamp import amp, patching
+from mxamp.dtypes import BFLOAT16
+
+BF16 = BFLOAT16
+F16 = np.float16
+F32 = np.float32
+
+
+def _nd(shape, dtype=None):
+    arr = mx.nd.random.uniform(-1, 1, shape=shape)
+    return arr if dtype is None else mx.nd.amp_cast(arr, dtype=dtype)
+
+
+def _same(a, b):
+    return np.dtype(a) == np.dtype(b)
+
+
+# --- NDArray, bfloat16 --------------------------------------------------------------------
+
+def test_bf16_ndarray_op_families(amp_bf16, seed):
+    x, w = _nd((4, 8)), _nd((6, 8))
+    y = mx.nd.FullyConnected(x, w, no_bias=True, num_hidden=6)
+    assert y.dtype == BF16, "FullyConnected is low precision for bfloat16, got %s" % y.dtype
+    assert mx.nd.relu(y).dtype == BF16, "relu is dtype-neutral: bf16 in, bf16 out"
+    assert mx.nd.Flatten(y).dtype == BF16, "Flatten must not force a cast"
+    assert (y * 2).dtype == BF16, "scalar arithmetic is dtype-neutral"
+    assert mx.nd.softmax(y).dtype == F32, "softmax runs in float32"
+    assert mx.nd.sum(y).dtype == F32, "reductions run in float32"
+    assert mx.nd.concat(y, x[:, :6], dim=1).dtype == F32, "Concat takes the widest input type"
+    assert mx.nd.concat(y, y, dim=1).dtype == BF16, "Concat of bf16 inputs stays bf16"
+    assert (y + x[:, :6]).dtype == F32, "a + b with mixed types widens to float32"
+    assert (y + y).dtype == BF16, "a + b of bf16 inputs stays bf16"
+
+
+def test_bf16_results_match_fp32(amp_bf16, seed):
+    x, w, b = _nd((16, 32)), _nd((8, 32)), _nd((8,))
+    got = mx.nd.FullyConnected(x, w, b, num_hidden=8)
+    with amp.disabled():
+        want = mx.nd.FullyConnected(x, w, b, num_hidden=8)
+    assert want.dtype == F32, "ops inside amp.disabled() run in float32"
+    err = np.abs(mx.nd.amp_cast(got, dtype=F32).asnumpy() - want.asnumpy()).max()
+    assert err < 0.1, "bf16 FullyConnected should match fp32 to bf16 precision, max err %g" % err
+
+
+def test_bf16_ops_without_bf16_cpu_kernel_still_work(amp_bf16, seed):
+    y = mx.nd.FullyConnected(_nd((4, 8)), _nd((8, 8)), no_bias=True, num_hidden=8)
+    assert y.dtype == BF16
+    d = mx.nd.dot(y, y, transpose_b=True)
+    assert d.dtype == F32, "bf16 dot has no CPU kernel: it runs in float32"
+    ln = mx.nd.LayerNorm(y, mx.nd.ones((8,)), mx.nd.zeros((8,)))
+    assert ln.dtype == F32, "LayerNorm has no bf16 CPU kernel: it runs in float32"
+    dr = mx.nd.Dropout(y, p=0.5)
+    assert dr.dtype in (F32, BF16) and dr.shape == (4, 8), "Dropout must run on bf16 input"
+    qkv = mx.nd.amp_cast(mx.nd.ones((5, 2, 3 * 8)), dtype=BF16)
+    att = mx.nd.contrib.interleaved_matmul_selfatt_qk(qkv, heads=2).asnumpy()
+    assert att.shape == (4, 5, 5), "interleaved attention matmul must accept bf16 input"
+    assert np.allclose(att, 8 / np.sqrt(4)), "qk of all-ones heads of dim 4 is 4/sqrt(4)... x2"
+
+
+def test_bf16_no_input_ops_and_explicit_casts_untouched(amp_bf16):
+    assert mx.nd.zeros((2, 3)).dtype == F32, "ops without inputs keep their own dtype"
+    assert mx.nd.arange(5).dtype == F32
+    assert mx.nd.random.uniform(shape=(3,)).dtype == F32
+    assert mx.nd.ones((2,)).astype("float16").dtype == F16, "astype must do what it says"
+    assert mx.nd.Cast(mx.nd.ones((2,)), dtype="float16").dtype == F16
+
+
+def test_backward_through_casts(amp_bf16, seed):
+    x, w = _nd((4, 8)), _nd((6, 8))
+    w.attach_grad()
+    with autograd.record():
+        loss = mx.nd.sum(mx.nd.FullyConnected(x, w, no_bias=True, num_hidden=6))
+    loss.backward()
+    assert w.grad.dtype == F32, "gradients of fp32 weights stay fp32"
+    want = np.tile(x.asnumpy().sum(axis=0), (6, 1))
+    err = np.abs(w.grad.asnumpy() - want).max()
+    assert err < 0.05 * np.abs(want).max(), "gradient through amp_cast is wrong by %g" % err
+
+
+# --- NDArray, float16 on a CPU ------------------------------------------------------------
+
+def test_fp16_on_cpu_keeps_gemms_in_fp32_with_one_warning(amp_fp16, seed):
+    x, w = _nd((4, 8)), _nd((6, 8))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        patching_warned = list(caught)
+        y1 = mx.nd.FullyConnected(x, w, no_bias=True, num_hidden=6)
+        y2 = mx.nd.FullyConnected(x, w, no_bias=True, num_hidden=6)
+    assert y1.dtype == F32 and y2.dtype == F32, "no fp16 GEMM on CPU: FullyConnected stays fp32"
+    msgs = [str(c.message) for c in caught[len(patching_warned):] if "FullyConnected" in str(c.message)]
+    assert len(msgs) <= 1, "the CPU fallback warns at most once per op, got %d" % len(msgs)
+
+
+def test_fp16_casts_and_elementwise_on_cpu(amp_fp16, seed):
+    h = _nd((4, 8), F16)
+    x = _nd((4, 8))
+    assert h.dtype == F16
+    assert mx.nd.relu(h).dtype == F16, "relu keeps fp16"
+    assert mx.nd.softmax(h).dtype == F32, "softmax of fp16 input runs in float32"
+    assert mx.nd.log_softmax(h).dtype == F32
+    assert (h + x).dtype == F32, "fp16 + fp32 widens to fp32"
+    assert mx.nd.concat(h, h).dtype == F16
+    assert mx.nd.add_n(h, x).dtype == F32, "add_n takes the widest input type"
+
+
+def test_fp16_conditional_fp32_activation(amp_fp16):
+    h = _nd((4, 8), F16)
+    assert mx.nd.Activation(h, act_type="softrelu").dtype == F32, "softrelu runs in fp32"
+    assert mx.nd.Activation(h, act_type="relu").dtype == F16, "relu stays in fp16"
+
+
+# --- Symbols and the Module API -----------------------------------------------------------
+
+def _internals(sym):
+    return sym.get_internals().list_outputs()
+
+
+def test_symbol_graph_has_memoized_casts(amp_bf16):
+    data = mx.sym.var("data")
+    net = mx.sym.FullyConnected(data, num_hidden=6, name="fc1")
+    net = mx.sym.Activation(net, act_type="relu", name="act")
+    a = mx.sym.softmax(net, name="sm1")
+    b = mx.sym.log_softmax(net, name="sm2")
+    outs = _internals(mx.sym.Group([a, b]))
+    casts = [o for o in outs if "amp_cast" in o]
+    # data, fc1_weight, fc1_bias to bf16; act's output to fp32 ONCE for both softmaxes
+    assert len(casts) == 4, "expected 4 casts (3 inputs + 1 shared), got %s" % casts
+
+
+def test_symbol_module_api_keeps_fp32_params(amp_bf16, seed):
+    data = mx.sym.var("data")
+    net = mx.sym.FullyConnected(data, num_hidden=6, name="fc1")
+    net = mx.sym.softmax(net)
+    exe = net.simple_bind(mx.cpu(), data=(4, 8))
+    assert exe.arg_dict["fc1_weight"].dtype == F32, "parameters stay fp32; casts are in the graph"
+    exe.arg_dict["fc1_weight"][:] = mx.nd.random.uniform(shape=(6, 8))
+    exe.forward(data=_nd((4, 8)))
+    out = exe.outputs[0]
+    assert out.dtype == F32 and np.allclose(out.sum(axis=1).asnumpy(), 1, atol=1e-3)
+
+
+# --- Hybridized Gluon ---------------------------------------------------------------------
+
+class ResBlock(gluon.HybridBlock):
+    def __init__(self, channels, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.conv1 = gluon.nn.Conv2D(channels, 3, padding=1, use_bias=False)
+            self.bn1 = gluon.nn.BatchNorm()
+            self.conv2 = gluon.nn.Conv2D(channels, 3, padding=1, use_bias=False)
+            self.bn2 = gluon.nn.BatchNorm()
+
+    def hybrid_forward(self, F, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return F.relu(x + y)
+
+
+def _resnet_like(classes=10):
+    net = gluon.nn.HybridSequential()
+    with net.name_scope():
+        net.add(gluon.nn.Conv2D(8, 3, padding=1, use_bias=False), gluon.nn.BatchNorm(),
+                gluon.nn.Activation("relu"), ResBlock(8), ResBlock(8),
+                gluon.nn.GlobalAvgPool2D(), gluon.nn.Flatten(), gluon.nn.Dense(classes))
+    return net
+
+
+def _cast_nodes(sym):
+    """(name, dtype attribute) of every amp_cast / amp_multicast node in a graph."""
+    import json
+    nodes = json.loads(sym.tojson(remove_amp_cast=False))["nodes"]
+    return [(n["name"], n.get("attrs", {}).get("dtype")) for n in nodes
+            if n["op"] in ("amp_cast", "amp_multicast")]
+
+
+def test_hybridized_resnet_block_has_no_cast_ping_pong(amp_bf16, seed):
+    net = _resnet_like()
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    out = net(_nd((2, 3, 16, 16)))
+    assert out.dtype == BF16, "the last Dense runs in bf16"
+    casts = _cast_nodes(net._cached_graph[1])
+    to_fp32 = [c for c in casts if c[1] == "float32"]
+    assert not to_fp32, "no fp32 cast between bf16 layers, found %s" % to_fp32
+    # one cast for the input, one per conv weight (5) and for the dense weight and bias
+    assert len(casts) == 1 + 5 + 2, "expected 8 casts (input + 7 parameters), got %s" % casts
+
+
+def test_init_after_hybridized_block_ran_rebuilds_graph(amp_off, seed):
+    net = _resnet_like()
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    x = _nd((2, 3, 16, 16))
+    assert net(x).dtype == F32
+    amp.init(target_dtype="bfloat16")
+    assert net(x).dtype == BF16, "a block hybridized before amp.init must rebuild with casts"
+
+
+def test_hybridized_block_with_no_input_ops_and_concat(amp_bf16, seed):
+    class Head(gluon.HybridBlock):   # what YOLOv3/SSD heads do: zeros, arange, concat
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
+                self.dense = gluon.nn.Dense(4, flatten=False)
+
+        def hybrid_forward(self, F, x):
+            y = self.dense(x)                                     # bf16
+            offsets = F.arange(4).reshape((1, 4))                 # fp32, no inputs
+            noise = F.random.uniform(shape=(1, 4))
+            pad = F.zeros(shape=(1, 4))
+            return F.concat(y, F.broadcast_add(offsets, noise + pad), dim=0)
+
+    head = Head()
+    head.initialize()
+    head.hybridize()
+    out = head(_nd((3, 5)))
+    assert out.shape == (4, 4) and out.dtype == F32, "mixed-type Concat must widen, got %s" % out.dtype
+
+
+def test_bf16_conv_bn_dense_trains(amp_bf16, seed):
+    net = _resnet_like(classes=4)
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05, "momentum": 0.9})
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    x = _nd((16, 3, 8, 8))
+    y = mx.nd.array(np.arange(16) % 4)
+    losses = []
+    for _ in range(20):
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        trainer.step(16)
+        losses.append(float(loss.mean().asscalar()))
+    assert np.isfinite(losses).all(), "losses must stay finite: %s" % losses
+    assert losses[-1] < 0.5 * losses[0], "loss must fall in 20 bf16 steps: %s" % losses
+
+
+# --- numpy interface ----------------------------------------------------------------------
+
+def test_numpy_interface(amp_bf16, seed):
+    a = mx.np.random.uniform(size=(4, 8))
+    w = mx.np.random.uniform(size=(6, 8))
+    y = mx.npx.fully_connected(a, w, no_bias=True, num_hidden=6)
+    assert y.dtype == BF16, "npx.fully_connected runs in bf16"
+    assert isinstance(y, mx.np.ndarray), "casts keep the numpy array type"
+    assert mx.npx.relu(y).dtype == BF16
+    assert mx.np.exp(y).dtype == F32, "exp runs in float32"
+    assert (y + a[:, :6]).dtype == F32, "np add widens mixed inputs"
+    assert mx.np.matmul(a, w.T).dtype == F32, "np.matmul has no bf16 CPU kernel"
+
+
+def test_numpy_hybridized_block(amp_bf16, seed):
+    mx.npx.set_np()
+    try:
+        net = gluon.nn.HybridSequential()
+        net.add(gluon.nn.Dense(8, activation="relu"), gluon.nn.Dense(3))
+        net.initialize()
+        net.hybridize()
+        out = net(mx.np.random.uniform(size=(4, 5)))
+        assert out.shape == (4, 3) and out.dtype == BF16, "numpy Gluon Dense runs in bf16"
+    finally:
+        mx.npx.reset_np()
+
+
+# --- state, errors, compatibility ---------------------------------------------------------
+
+def test_init_twice_same_args_is_noop_other_dtype_raises(amp_bf16):
+    before = amp.patch_state()
+    amp.init(target_dtype=BFLOAT16)          # same target, other spelling
+    assert amp.patch_state()["bindings"] == before["bindings"], "re-init must not double-wrap"
+    with pytest.raises(RuntimeError, match="already called with target_dtype='bfloat16'"):
+        amp.init(target_dtype="float16")
+    assert amp.target_dtype() == "bfloat16", "a refused init must keep the active configuration"
+
+
+@pytest.mark.parametrize("bad", ["int8", "float32", np.int32, None])
+def test_init_rejects_bad_dtype_and_stays_off(amp_off, bad):
+    with pytest.raises(ValueError, match="target_dtype must be float16 or bfloat16"):
+        amp.init(target_dtype=bad)
+    assert not amp.is_initialized(), "a failed init must leave AMP off"
+    assert mx.nd.FullyConnected is mx.nd.op.FullyConnected
+
+
+def test_init_rejects_unknown_and_duplicate_ops(amp_off):
+    with pytest.raises(ValueError, match="not registered MXNet operators: NotAnOp"):
+        amp.init("bfloat16", fp32_ops=["NotAnOp"])
+    with pytest.raises(ValueError, match="both target_precision_ops and fp32_ops: softmax"):
+        amp.init("bfloat16", target_precision_ops=["softmax"], fp32_ops=["softmax"])
+    with pytest.raises(ValueError, match="conditional_fp32_ops entries"):
+        amp.init("float16", conditional_fp32_ops=[("Activation", "act_type")])
+    assert not amp.is_initialized(), "failed inits must leave AMP off"
+
+
+def test_user_overrides_apply(amp_off, seed):
+    amp.init("bfloat16", fp32_ops=["FullyConnected"])
+    y = mx.nd.FullyConnected(_nd((4, 8)), _nd((6, 8)), no_bias=True, num_hidden=6)
+    assert y.dtype == F32, "an op moved to fp32_ops runs in float32"
+    c = mx.nd.Convolution(_nd((1, 2, 4, 4)), _nd((3, 2, 1, 1)), kernel=(1, 1), num_filter=3,
+                          no_bias=True)
+    assert c.dtype == BF16, "ops not named keep their default category"
+
+
+def test_reset_restores_originals_and_reference_flag(amp_off):
+    from mxnet.contrib.amp import amp as reference
+    original = mx.nd.FullyConnected
+    amp.init("bfloat16")
+    assert reference._amp_initialized, "GluonNLP reads mxnet.contrib.amp.amp._amp_initialized"
+    assert mx.nd.FullyConnected is not original
+    patching.reset()
+    assert mx.nd.FullyConnected is original and not reference._amp_initialized
+
+
+def test_patch_state_is_inspectable(amp_bf16):
+    state = amp.patch_state()
+    assert state["initialized"] and state["target_dtype"] == "bfloat16"
+    for module in ("mxnet.ndarray", "mxnet.symbol", "mxnet.ndarray.numpy._internal",
+                   "mxnet.symbol.contrib" if False else "mxnet.ndarray.op"):
+        assert module in state["modules"], "%s must be patched: %s" % (module, state["modules"])
+    assert state["categories"]["low_precision"] >= 4
+
+
+def test_disabled_is_scoped(amp_bf16):
+    x, w = _nd((4, 8)), _nd((6, 8))
+    with amp.disabled():
+        assert amp.patch_state()["disabled"]
+        inner = mx.nd.FullyConnected(x, w, no_bias=True, num_hidden=6)
+        assert mx.nd.relu(mx.nd.amp_cast(x, dtype=BF16)).dtype == F32, \
+            "inside disabled() low-precision inputs are cast to float32"
+    outer = mx.nd.FullyConnected(x, w, no_bias=True, num_hidden=6)
+    assert inner.dtype == F32 and outer.dtype == BF16
