@@ -69,6 +69,56 @@ def cast_ndarray(arr, to):
     return _ND_AMP_CAST(arr, dtype=dtypes.to_mx(to))
 
 
+class RecordingCastCache:
+    """Casts made while autograd records, shared by every use inside one ``record()`` scope.
+
+    A weight used three times in one recorded forward pass (a shared embedding, an unrolled
+    RNN cell) is cast once. Entries live only until the outermost ``record()`` scope exits, so
+    a cast never outlives the optimizer step that follows it; arrays cannot be modified in place
+    while autograd records, so an entry cannot go stale inside its scope. Thread-local, like
+    MXNet's recording state.
+
+    >>> cache = RecordingCastCache()
+    >>> w = mx.nd.ones((2,))
+    >>> with mx.autograd.record():
+    ...     cache.begin()
+    ...     same = cache.cast(w, 'float16') is cache.cast(w, 'float16')
+    >>> same
+    True
+    """
+
+    def __init__(self):
+        self._local = threading.local()
+
+    def begin(self):
+        """Start a new scope (called when ``autograd.record()`` starts recording)."""
+        self._local.entries = {}
+
+    def end(self):
+        """Drop the scope's casts (called when recording stops)."""
+        self._local.entries = None
+
+    def cast(self, arr, to):
+        """Like :func:`cast_ndarray`, reusing this scope's earlier cast of the same array."""
+        entries = getattr(self._local, "entries", None)
+        if entries is None or not mx.autograd.is_recording():
+            return cast_ndarray(arr, to)
+        key = (id(arr), to)
+        hit = entries.get(key)
+        if hit is not None and hit[0] is arr:
+            return hit[1]
+        out = cast_ndarray(arr, to)
+        entries[key] = (arr, out)
+        return out
+
+    def __len__(self):
+        return len(getattr(self._local, "entries", None) or ())
+
+
+#: The process-wide cache used by the patched NDArray functions.
+RECORDING_CASTS = RecordingCastCache()
+
+
 class SymbolDtypes:
     """What AMP knows about the Symbols it built: their dtype, and their existing casts.
 

@@ -14,9 +14,12 @@ import gc
 import logging
 import threading
 import time
+import types
+
+import mxnet as mx
 
 from . import dtypes, opfuncs, wrappers
-from .casting import SYMBOL_DTYPES
+from .casting import RECORDING_CASTS, SYMBOL_DTYPES
 from .lists import get_op_lists
 
 LOG = logging.getLogger(__name__)
@@ -53,8 +56,31 @@ class PatchRegistry:
                 setattr(module, attr, wrapped)
                 self.replaced.append((module, attr, fn.func, wrapped))
             self.categories[policy.category] = self.categories.get(policy.category, 0) + 1
+        self._hook_record_scopes()
         self.target, self.lists = target, lists
         self.init_seconds = time.perf_counter() - start
+
+    def _hook_record_scopes(self):
+        """Open and close the per-``record()`` cast cache with autograd's recording scopes."""
+        scope = mx.autograd._RecordingStateScope  # pylint: disable=protected-access
+        enter, exit_ = scope.__enter__, scope.__exit__
+
+        def __enter__(this):
+            was_recording = mx.autograd.is_recording()
+            out = enter(this)
+            if this._enter_is_record and not was_recording:  # pylint: disable=protected-access
+                RECORDING_CASTS.begin()
+            return out
+
+        def __exit__(this, *exc):
+            out = exit_(this, *exc)
+            if not mx.autograd.is_recording():
+                RECORDING_CASTS.end()
+            return out
+
+        for name, new, old in (("__enter__", __enter__, enter), ("__exit__", __exit__, exit_)):
+            setattr(scope, name, new)
+            self.replaced.append((scope, name, old, new))
 
     def restore(self):
         """Put every original function back."""
@@ -181,6 +207,7 @@ def reset():
         was_active = REGISTRY.active
         REGISTRY.restore()
         SYMBOL_DTYPES.clear()
+        RECORDING_CASTS.end()
         _set_reference_flag(False)
         if was_active:
             _drop_cached_graphs()
@@ -219,7 +246,8 @@ def patch_state():
     >>> sorted(patch_state())[:3]
     ['categories', 'disabled', 'init_ms']
     """
-    modules = sorted({module.__name__ for module, _, _, _ in REGISTRY.replaced})
+    modules = sorted({module.__name__ for module, _, _, _ in REGISTRY.replaced
+                      if isinstance(module, types.ModuleType)})
     return {
         "initialized": REGISTRY.active,
         "target_dtype": REGISTRY.target,

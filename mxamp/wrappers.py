@@ -27,7 +27,7 @@ import warnings
 from dataclasses import dataclass
 
 from . import dtypes
-from .casting import (NDArray, SYMBOL_DTYPES, Symbol, array_dtype, cast_ndarray)
+from .casting import NDArray, RECORDING_CASTS, SYMBOL_DTYPES, Symbol, array_dtype
 from .opfuncs import gpu_available
 
 _FLOATS = ("float16", "bfloat16", "float32")
@@ -151,7 +151,7 @@ def _ndarray_wrapper(func, policy):
                 arr = _get(args, kwargs, slot)
                 cur = array_dtype(arr)
                 if cur is not None and cur != to and (to != "float32" or cur != "float64"):
-                    _set(args, kwargs, slot, cast_ndarray(arr, to))
+                    _set(args, kwargs, slot, RECORDING_CASTS.cast(arr, to))
         elif mode == "widest":
             found = [array_dtype(_get(args, kwargs, s)) for s in slots]
             kinds = {d for d in found if d is not None}
@@ -159,7 +159,8 @@ def _ndarray_wrapper(func, policy):
                 wide = dtypes.widest(kinds)
                 for slot, cur in zip(slots, found):
                     if cur is not None and cur != wide:
-                        _set(args, kwargs, slot, cast_ndarray(_get(args, kwargs, slot), wide))
+                        _set(args, kwargs, slot,
+                             RECORDING_CASTS.cast(_get(args, kwargs, slot), wide))
         return func(*args, **kwargs)
 
     return wrapped
