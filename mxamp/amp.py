@@ -11,7 +11,10 @@ True
 from . import dtypes
 from .convert import (convert_bucketing_module, convert_hybrid_block, convert_model,
                       convert_symbol)
+from .compare import accuracy_report
+from .cpu import cpu_features
 from .lists import get_op_lists
+from .o2 import cast_model
 from .patching import disabled, init, is_initialized, op_lists, patch_state, reset, target_dtype
 from .trainer import init_trainer, scale_loss, unscale
 
@@ -21,7 +24,8 @@ __all__ = [
     "list_lp16_fp32_ops", "list_conditional_fp32_ops", "list_widest_type_cast",
     "list_loss_output_functions", "list_lp16_use_fp32_params", "list_fp16_ops",
     "list_fp16_fp32_ops", "disabled", "is_initialized", "patch_state", "target_dtype",
-    "reset", "op_lists",
+    "reset", "op_lists", "cast_model", "accuracy_report",
+    "cpu_features",
 ]
 
 

@@ -1,29 +1,351 @@
-"""Graph conversion for low-precision inference. (Stub: issue #4.)"""
+"""Graph conversion for low-precision inference: the ``amp.convert_*`` functions.
+
+Each function takes a float32 model (a Symbol, a Symbol with its parameters, a Gluon
+HybridBlock, or a BucketingModule) and returns a mixed-precision copy: ``amp_cast`` /
+``amp_multicast`` nodes are inserted by MXNet's ``ReducePrecision`` graph pass (see
+:mod:`mxamp.precision_pass`) following mxamp's op lists (:mod:`mxamp.lists`). The original
+model is never modified.
+
+What mxamp adds over ``mxnet.contrib.amp``:
+
+* ``convert_hybrid_block`` defaults to the block's own context (CPU on a CPU machine), not
+  ``gpu(0)``, and accepts ``example_inputs=`` for a block that has not run yet; numpy-interface
+  blocks (``mx.npx.set_np()``) convert too.
+* Ops that the op lists do not classify run in float32 (with a warning) instead of silently
+  following their input's dtype; operator names in the override lists are checked.
+* The returned block's ``export`` keeps the casts (MXNet's default strips them), so
+  ``SymbolBlock.imports`` gives back the same mixed-precision model.
+* Bad input raises ``TypeError``/``ValueError``/``RuntimeError`` naming the problem, including a
+  float16 model asked to run on a CPU, which has no float16 GEMM/convolution kernels.
+
+>>> import mxnet as mx
+>>> from mxamp import amp
+>>> net = mx.gluon.nn.HybridSequential()
+>>> net.add(mx.gluon.nn.Dense(8, activation='relu'), mx.gluon.nn.Dense(2))
+>>> net.initialize()
+>>> net.hybridize()
+>>> lp_net = amp.convert_hybrid_block(net, 'bfloat16', example_inputs=mx.nd.ones((1, 4)))
+>>> lp_net(mx.nd.ones((1, 4))).dtype
+<class 'numpy.float32'>
+"""
+import logging
+
+import mxnet as mx
+from mxnet.gluon import HybridBlock
+from mxnet.module import BucketingModule
+
+from . import dtypes
+from .gluon_graph import ConvertedBlock, block_context, trace_graph
+from .lists import get_op_lists
+from .precision_pass import CAST_OPS, graph_nodes, op_names, param_dtypes, reduce_precision
+
+_LOG = logging.getLogger(__name__)
+
+#: Targets a CPU can compute in (float16 has no CPU GEMM/convolution kernel in MXNet 1.9.1).
+CPU_TARGETS = ("bfloat16",)
+
+_REGISTERED_OPS = []
+
+
+def _registered_ops():
+    if not _REGISTERED_OPS:
+        _REGISTERED_OPS.extend(mx.operator.get_all_registered_operators())
+    return _REGISTERED_OPS
+
+
+def _check_name_list(value, what):
+    if value is None:
+        return None
+    if isinstance(value, str) or not isinstance(value, (list, tuple, set, frozenset)):
+        raise TypeError("%s must be a list of strings, got %s" % (what, type(value).__name__))
+    bad = [v for v in value if not isinstance(v, str)]
+    if bad:
+        raise TypeError("%s must be a list of strings; these are not: %r" % (what, bad))
+    return list(value)
+
+
+def resolve_op_lists(target_dtype, target_dtype_ops=None, fp32_ops=None,
+                     conditional_fp32_ops=None):
+    """mxamp's op lists for a target, with the user's overrides applied and checked.
+
+    Raises ``TypeError`` for a list that is not a list of strings and ``ValueError`` for an
+    operator name MXNet does not know or an op named in two lists.
+
+    >>> resolve_op_lists('bfloat16', fp32_ops=['Convolution']).category('Convolution')
+    'fp32'
+    """
+    target = dtypes.normalize(target_dtype)
+    target_dtype_ops = _check_name_list(target_dtype_ops, "target_dtype_ops")
+    fp32_ops = _check_name_list(fp32_ops, "fp32_ops")
+    if conditional_fp32_ops is not None and not isinstance(conditional_fp32_ops, (list, tuple)):
+        raise TypeError("conditional_fp32_ops must be a list of (op name, parameter name, "
+                        "[values]) tuples, got %s" % type(conditional_fp32_ops).__name__)
+    return get_op_lists(target).with_overrides(
+        target_precision_ops=target_dtype_ops, fp32_ops=fp32_ops,
+        conditional_fp32_ops=conditional_fp32_ops, known_ops=_registered_ops())
+
+
+def _unlisted_ops(sym, lists):
+    return sorted(op_names(sym) - lists.all_ops() - set(CAST_OPS))
+
+
+def _check_excluded(names, node_names):
+    unknown = sorted(set(names) - set(node_names))
+    if unknown:
+        raise ValueError("excluded_sym_names names nodes that are not in the graph: %s (node "
+                         "names are e.g. %s)" % (", ".join(unknown), ", ".join(
+                             sorted(node_names)[:5])))
+
+
+def _strip_output_casts(converted, original):
+    """Undo the float32 casts the pass appends to each output (for ``fp32_outputs=False``)."""
+    outputs = []
+    for out in converted:
+        name = out.name or ""
+        if out.attr("dtype") == "float32" and name.endswith("_amp_cast_float32") and \
+                name not in original.get_internals().list_outputs():
+            out = out.get_children()[0]
+        outputs.append(out)
+    return outputs[0] if len(outputs) == 1 else mx.sym.Group(outputs)
+
+
+def _convert(sym, lists, excluded, data_names, cast_optional_params, fp32_outputs):
+    """convert_symbol once its arguments are checked and its op lists resolved."""
+    unlisted = _unlisted_ops(sym, lists)
+    if unlisted:
+        _LOG.warning("ops in no %s op list run in float32: %s", lists.target, ", ".join(unlisted))
+    converted = reduce_precision(
+        sym, lists.target, low_precision=lists.low_precision, fp32=set(lists.fp32) | set(unlisted),
+        widest=lists.widest, conditional_fp32=lists.conditional_fp32, excluded=excluded,
+        data_names=data_names, cast_params=bool(cast_optional_params))
+    if not fp32_outputs:
+        converted = _strip_output_casts(converted, sym)
+    if isinstance(sym, mx.sym.numpy._Symbol):  # keep the numpy interface of the input
+        converted = converted.as_np_ndarray()
+    return converted
 
 
 def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
                    conditional_fp32_ops=None, excluded_sym_names=None, data_names=None,
-                   cast_optional_params=False):
-    """Convert an fp32 Symbol into a mixed-precision Symbol."""
-    raise NotImplementedError("convert_symbol lands with the conversion issue (#4)")
+                   cast_optional_params=False, fp32_outputs=True):
+    """Return a mixed-precision copy of a float32 Symbol (casts inserted, the input untouched).
+
+    Parameters mean what they mean in ``mxnet.contrib.amp.convert_symbol``: the three op lists
+    replace mxamp's defaults for their category; ``excluded_sym_names`` are node names kept
+    in float32; ``data_names`` are the inputs that carry data (default: the inputs without a
+    ``__dtype__`` attribute); ``cast_optional_params=True`` types the parameters in the target
+    dtype (recorded in their ``__dtype__`` attribute) instead of casting them in the graph.
+    ``fp32_outputs=False`` keeps each output in the dtype it was computed in.
+
+    >>> import mxnet as mx
+    >>> fc = mx.sym.FullyConnected(mx.sym.var('data'), num_hidden=4, name='fc')
+    >>> lp = convert_symbol(fc, 'bfloat16')
+    >>> sorted(n['name'] for n in graph_nodes(lp) if n['op'] == 'amp_cast')[:2]
+    ['data_amp_cast_bfloat16', 'fc_bias_amp_cast_bfloat16']
+    """
+    if not isinstance(sym, mx.sym.Symbol):
+        raise TypeError("convert_symbol needs an mxnet Symbol, got %s" % type(sym).__name__)
+    lists = resolve_op_lists(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops)
+    excluded = _check_name_list(excluded_sym_names, "excluded_sym_names") or []
+    node_names = [n["name"] for n in graph_nodes(sym)]
+    _check_excluded(excluded, node_names)
+    inputs = sym.list_inputs()
+    if data_names is None:
+        attrs = sym.attr_dict()
+        data_names = [n for n in inputs if "__dtype__" not in attrs.get(n, {})]
+    data_names = _check_name_list(data_names, "data_names")
+    missing = sorted(set(data_names) - set(inputs))
+    if missing:
+        raise ValueError("data_names %s are not inputs of the symbol (its inputs: %s)"
+                         % (missing, ", ".join(inputs)))
+    return _convert(sym, lists, excluded, data_names, cast_optional_params, fp32_outputs)
+
+
+def cast_array(array, dtype_name):
+    """``array`` in dtype ``dtype_name`` (same object when it already is); bf16-safe, any interface.
+
+    >>> cast_array(mx.nd.ones((2,)), 'bfloat16').dtype == dtypes.BFLOAT16
+    True
+    """
+    if dtypes.name_of(array.dtype) == dtype_name:
+        return array
+    is_np = isinstance(array, mx.np.ndarray)
+    legacy = array.as_nd_ndarray() if is_np else array
+    # np.ndarray.astype cannot allocate MXNet's bfloat16, and NDArray.astype truncates;
+    # amp_cast works everywhere and rounds to nearest.
+    out = mx.nd.amp_cast(legacy, dtype=dtypes.to_mx(dtype_name)) if dtypes.is_float(
+        legacy.dtype) else legacy.astype(dtype_name)
+    return out.as_np_ndarray() if is_np else out
+
+
+def _cast_params(params, wanted):
+    return {name: cast_array(value, wanted[name]) if name in wanted else value
+            for name, value in params.items()}
 
 
 def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dtype_ops=None,
                   fp32_ops=None, conditional_fp32_ops=None, excluded_sym_names=None,
-                  cast_optional_params=False):
-    """Convert a Symbol and its parameters."""
-    raise NotImplementedError("convert_model lands with the conversion issue (#4)")
+                  cast_optional_params=False, fp32_outputs=True):
+    """Convert a Symbol and its parameters; return ``(symbol, arg_params, aux_params)``.
+
+    The returned dicts are new: each parameter is cast to the dtype the converted graph needs
+    (the target dtype only with ``cast_optional_params=True``); the caller's dicts are untouched.
+
+    >>> fc = mx.sym.FullyConnected(mx.sym.var('data'), num_hidden=2, name='fc')
+    >>> args = {'fc_weight': mx.nd.ones((2, 3)), 'fc_bias': mx.nd.zeros((2,))}
+    >>> _, new_args, _ = convert_model(fc, args, {}, 'bfloat16', cast_optional_params=True)
+    >>> new_args['fc_weight'].dtype == dtypes.BFLOAT16
+    True
+    """
+    if not isinstance(sym, mx.sym.Symbol):
+        raise TypeError("convert_model needs an mxnet Symbol first, got %s" % type(sym).__name__)
+    for what, params in (("arg_params", arg_params), ("aux_params", aux_params)):
+        if not isinstance(params, dict):
+            raise TypeError("%s must be a dict of name -> NDArray, got %s"
+                            % (what, type(params).__name__))
+    data_names = [n for n in sym.list_inputs() if n not in arg_params and n not in aux_params]
+    converted = convert_symbol(sym, target_dtype, target_dtype_ops, fp32_ops,
+                               conditional_fp32_ops, excluded_sym_names, data_names,
+                               cast_optional_params, fp32_outputs)
+    wanted = param_dtypes(converted)
+    return converted, _cast_params(arg_params, wanted), _cast_params(aux_params, wanted)
 
 
-def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
+def _check_device_can_run(lists, converted, contexts):
+    """float16 on a CPU context would fail at the first GEMM deep in MXNet: fail here instead."""
+    on_cpu = [c for c in contexts if c.device_type.startswith("cpu")]
+    if not on_cpu or lists.target in CPU_TARGETS:
+        return
+    lp_ops = op_names(converted) & set(lists.low_precision) & set(lists.no_cpu_kernel)
+    if lp_ops:
+        raise RuntimeError(
+            "%s has no CPU kernel for %s, so this %s model cannot run on %s. Pass a GPU context "
+            "(ctx=mx.gpu(0)), or use target_dtype='bfloat16' on a CPU; convert_symbol and "
+            "convert_model build the %s graph without running it."
+            % (lists.target, ", ".join(sorted(lp_ops)), lists.target, on_cpu[0], lists.target))
+
+
+def _default_target(target_dtype, contexts):
+    if target_dtype is not None:
+        return target_dtype
+    on_cpu = all(c.device_type.startswith("cpu") for c in contexts)
+    return CPU_TARGETS[0] if on_cpu else "float16"
+
+
+def _cpu_lists(lists, contexts):
+    """On a CPU, a low-precision op without a CPU kernel for the target stays float32."""
+    if lists.target not in CPU_TARGETS or not any(
+            c.device_type.startswith("cpu") for c in contexts):
+        return lists
+    demote = sorted(set(lists.low_precision) & set(lists.no_cpu_kernel))
+    if not demote:
+        return lists
+    _LOG.info("no %s CPU kernel, kept in float32: %s", lists.target, ", ".join(demote))
+    return lists.with_overrides(
+        target_precision_ops=sorted(set(lists.low_precision) - set(demote)),
+        fp32_ops=sorted(set(lists.fp32) | set(demote)))
+
+
+def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
                          conditional_fp32_ops=None, excluded_sym_names=None, ctx=None,
-                         cast_optional_params=False):
-    """Convert a HybridBlock into a mixed-precision SymbolBlock."""
-    raise NotImplementedError("convert_hybrid_block lands with the conversion issue (#4)")
+                         cast_optional_params=False, example_inputs=None, fp32_outputs=True):
+    """Return a mixed-precision :class:`ConvertedBlock` (a SymbolBlock) made from a HybridBlock.
+
+    The block must have been hybridized and run once, or ``example_inputs`` (an NDArray or a
+    tuple of them, one per forward argument) must be given; it is run once under
+    ``autograd.pause()``. ``ctx=None`` puts the parameters on the block's own context (CPU
+    for a block on CPU). ``target_dtype=None`` picks bfloat16 for a CPU context and float16
+    for a GPU (the reference's default, float16 on gpu(0), fails on a CPU-only machine).
+    Converting to float16 for a CPU context raises ``RuntimeError`` (no
+    float16 convolution/GEMM kernels there); on a CPU, bfloat16 ops without a CPU kernel stay
+    float32. Node names in ``excluded_sym_names`` are the graph's (e.g. ``'resnetv10_conv0_fwd'``,
+    see ``block._cached_graph[1].get_internals()``).
+
+    >>> net = mx.gluon.nn.Dense(2, in_units=3)
+    >>> net.initialize()
+    >>> net.hybridize()
+    >>> lp = convert_hybrid_block(net, 'bfloat16', example_inputs=mx.nd.ones((1, 3)))
+    >>> lp(mx.nd.ones((1, 3))).shape
+    (1, 2)
+    """
+    if not isinstance(block, HybridBlock):
+        raise TypeError("convert_hybrid_block needs a gluon HybridBlock, got %s"
+                        % type(block).__name__)
+    if ctx is not None and not isinstance(ctx, mx.Context):
+        raise TypeError("ctx must be an mx.Context (e.g. mx.cpu()), got %r" % (ctx,))
+    ctx = ctx or block_context(block)
+    lists = resolve_op_lists(_default_target(target_dtype, [ctx]), target_dtype_ops, fp32_ops,
+                             conditional_fp32_ops)
+    inputs, sym = trace_graph(block, example_inputs)
+    lists = _cpu_lists(lists, [ctx])
+    excluded = _check_name_list(excluded_sym_names, "excluded_sym_names") or []
+    _check_excluded(excluded, [n["name"] for n in graph_nodes(sym)])
+    converted = _convert(sym, lists, excluded, [i.name for i in inputs], cast_optional_params,
+                         fp32_outputs)
+    _check_device_can_run(lists, converted, [ctx])
+    # Typed input variables spare SymbolBlock a "cannot decide type" warning.
+    typed_inputs = [mx.sym.var(i.name, dtype="float32") for i in inputs]
+    typed_inputs = [v.as_np_ndarray() if isinstance(i, mx.sym.numpy._Symbol) else v
+                    for v, i in zip(typed_inputs, inputs)]
+    ret = ConvertedBlock(converted, typed_inputs)
+    source = {p.name: p for p in block.collect_params().values()}
+    wanted = param_dtypes(converted)
+    for name, param in ret.collect_params().items():
+        value = cast_array(source[name]._reduce(), wanted.get(name, "float32"))
+        param.cast(value.dtype)
+        param._load_init(value, [ctx])
+    return ret
 
 
-def convert_bucketing_module(bucketing_mod, target_dtype="float16", target_dtype_ops=None,
+def convert_bucketing_module(bucketing_mod, target_dtype=None, target_dtype_ops=None,
                              fp32_ops=None, conditional_fp32_ops=None, excluded_sym_names=None,
-                             cast_optional_params=False):
-    """Convert every bucket of a BucketingModule."""
-    raise NotImplementedError("convert_bucketing_module lands with the conversion issue (#4)")
+                             cast_optional_params=False, fp32_outputs=True):
+    """Convert every bucket of an initialised BucketingModule; return a new BucketingModule.
+
+    ``excluded_sym_names`` may name nodes of any bucket (a name must exist in at least one);
+    buckets first seen after the conversion are converted when they are created.
+    ``target_dtype=None`` picks bfloat16 when the module runs on a CPU, float16 on GPUs.
+
+    >>> # lp_mod = convert_bucketing_module(mod, 'bfloat16'); lp_mod.bind(...); lp_mod.forward(...)
+    """
+    if not isinstance(bucketing_mod, BucketingModule):
+        raise TypeError("convert_bucketing_module needs an mx.mod.BucketingModule, got %s"
+                        % type(bucketing_mod).__name__)
+    if not bucketing_mod._buckets or not bucketing_mod.params_initialized:
+        raise RuntimeError("bind the BucketingModule and initialise its parameters "
+                           "(mod.bind(...); mod.init_params()) before converting it")
+    contexts = bucketing_mod._context
+    contexts = list(contexts) if isinstance(contexts, (list, tuple)) else [contexts]
+    lists = resolve_op_lists(_default_target(target_dtype, contexts), target_dtype_ops,
+                             fp32_ops, conditional_fp32_ops)
+    lists = _cpu_lists(lists, contexts)
+    excluded = _check_name_list(excluded_sym_names, "excluded_sym_names") or []
+    per_bucket = {key: {n["name"] for n in graph_nodes(mod.symbol)}
+                  for key, mod in bucketing_mod._buckets.items()}
+    _check_excluded(excluded, set().union(*per_bucket.values()))
+    arg_params, aux_params = bucketing_mod.get_params()
+    symbols, wanted = {}, {}
+    for key, mod in bucketing_mod._buckets.items():
+        data_names = [n for n in mod.symbol.list_inputs()
+                      if n not in arg_params and n not in aux_params]
+        symbols[key] = _convert(mod.symbol, lists, [n for n in excluded if n in per_bucket[key]],
+                                data_names, cast_optional_params, fp32_outputs)
+        _check_device_can_run(lists, symbols[key], contexts)
+        wanted.update(param_dtypes(symbols[key]))
+    param_names = set(arg_params) | set(aux_params)
+
+    def converted_sym_gen(bucket_key):
+        """Buckets first seen after conversion are converted the same way."""
+        sym, data_names, label_names = bucketing_mod._sym_gen(bucket_key)
+        nodes = {n["name"] for n in graph_nodes(sym)}
+        return _convert(sym, lists, [n for n in excluded if n in nodes],
+                        [n for n in sym.list_inputs() if n not in param_names],
+                        cast_optional_params, fp32_outputs), data_names, label_names
+
+    return BucketingModule.load_dict(
+        symbols, sym_gen=converted_sym_gen, arg_params=_cast_params(arg_params, wanted),
+        aux_params=_cast_params(aux_params, wanted),
+        default_bucket_key=bucketing_mod._default_bucket_key, logger=bucketing_mod.logger,
+        context=bucketing_mod._context, work_load_list=bucketing_mod._work_load_list,
+        fixed_param_names=bucketing_mod._fixed_param_names, state_names=bucketing_mod._state_names,
+        group2ctxs=bucketing_mod._group2ctxs, compression_params=bucketing_mod._compression_params)

@@ -13,8 +13,10 @@ from mxamp import amp, dtypes
 
 REFERENCE_FUNCTIONS = list(reference.__all__) + ["convert_bucketing_module"]
 
-# Defaults that cannot make sense on a CPU-only machine: the reference uses ctx=gpu(0).
-CPU_SAFE_DEFAULTS = {("convert_hybrid_block", "ctx")}
+# Defaults that cannot make sense on a CPU-only machine: the reference uses ctx=gpu(0) and
+# float16, which has no CPU kernels; mxamp's None means "the block's context / its best dtype".
+CPU_SAFE_DEFAULTS = {("convert_hybrid_block", "ctx"), ("convert_hybrid_block", "target_dtype"),
+                     ("convert_bucketing_module", "target_dtype")}
 
 
 @pytest.mark.parametrize("name", REFERENCE_FUNCTIONS)
@@ -34,9 +36,14 @@ def test_every_reference_function_exists_with_its_parameters(name):
                     name, pname, ours[pname].default, param.default)
 
 
-def test_cpu_safe_default_for_convert_hybrid_block():
-    assert inspect.signature(amp.convert_hybrid_block).parameters["ctx"].default is None, \
+def test_cpu_safe_defaults_for_conversion():
+    params = inspect.signature(amp.convert_hybrid_block).parameters
+    assert params["ctx"].default is None, \
         "convert_hybrid_block must not default to gpu(0) on a CPU-only machine"
+    assert params["target_dtype"].default is None, \
+        "None picks bfloat16 on a CPU and float16 on a GPU"
+    assert inspect.signature(amp.convert_bucketing_module).parameters["target_dtype"].default \
+        is None
 
 
 @pytest.mark.parametrize("name", REFERENCE_FUNCTIONS + ["list_fp16_ops", "list_fp16_fp32_ops",

@@ -1,0 +1,249 @@
+"""O2: train a whole Gluon model in low precision, with float32 master weights in the optimizer.
+
+:func:`cast_model` does in one call what GluonCV's Faster/Mask R-CNN scripts do by hand with
+``net.cast('float16')``: the parameters of every layer are cast to the target dtype, except
+normalisation layers and the layers the user excludes, which keep float32 parameters. Then:
+
+* BatchNorm (and SyncBatchNorm) takes low-precision data with its float32 gamma/beta/statistics
+  directly (its CPU and GPU kernels accept the mix; measured for bfloat16 on CPU, forward
+  and backward).
+* LayerNorm, GroupNorm, InstanceNorm, excluded layers and (bfloat16) Embedding and Dropout,
+  which have no bfloat16 CPU kernel, compute in float32: their input is cast to float32 and
+  their output back to the target, so activations keep one dtype.
+* Data entering the model in another float dtype (float32, float64, ...) is cast to the target
+  at the model's input; integer inputs pass unchanged (give token ids as int32: float ids
+  above 256 do not survive a bfloat16 cast).
+* The model's outputs come back in float32 (``output_dtype=None`` keeps the target dtype).
+
+Train it with ``amp.init_trainer(trainer)`` (float32 master weights for low-precision
+parameters, dynamic loss scaling for float16) and ``amp.scale_loss``.
+
+>>> import mxnet as mx
+>>> net = mx.gluon.nn.HybridSequential()
+>>> net.add(mx.gluon.nn.Dense(8), mx.gluon.nn.BatchNorm(), mx.gluon.nn.Dense(2))
+>>> net.initialize()
+>>> net = cast_model(net, 'bfloat16', example_inputs=mx.nd.ones((2, 4)))  # amp.cast_model
+>>> net[0].weight.dtype == dtypes.BFLOAT16, net[1].gamma.dtype
+(True, <class 'numpy.float32'>)
+>>> net(mx.nd.ones((2, 4))).dtype
+<class 'numpy.float32'>
+"""
+import functools
+
+import mxnet as mx
+from mxnet.gluon import Block, HybridBlock, nn
+
+from . import dtypes
+from .convert import cast_array
+
+#: Layers whose parameters stay float32 and that take low-precision data as is.
+MIXED_INPUT_NORMS = (nn.BatchNorm, nn.BatchNormReLU)  # SyncBatchNorm subclasses BatchNorm
+#: Layers computed in float32 between casts, per target: normalisations without a
+#: mixed-dtype kernel, and (bfloat16) layers whose CPU kernel is missing or crashes.
+FP32_LAYERS = {
+    "float16": (nn.LayerNorm, nn.GroupNorm, nn.InstanceNorm),
+    "bfloat16": (nn.LayerNorm, nn.GroupNorm, nn.InstanceNorm, nn.Embedding, nn.Dropout),
+}
+#: Layer types whose ops have no float16 CPU kernel (FullyConnected, Convolution, RNN).
+_NO_FP16_CPU = (nn.Dense, nn.Conv1D, nn.Conv2D, nn.Conv3D, nn.Conv1DTranspose, nn.Conv2DTranspose,
+                nn.Conv3DTranspose, mx.gluon.rnn.RNN, mx.gluon.rnn.LSTM, mx.gluon.rnn.GRU)
+
+
+def _is_np(x):
+    return isinstance(x, (mx.np.ndarray, mx.sym.numpy._Symbol))
+
+
+def cast_tensor(x, dtype_name):
+    """Cast one NDArray/Symbol (legacy or numpy interface) if it is a float of another dtype.
+
+    Integer tensors pass through; float64 goes through float32 (``amp_cast`` ignores float64).
+
+    >>> cast_tensor(mx.nd.ones((1,), dtype='float64'), 'bfloat16').dtype == dtypes.BFLOAT16
+    True
+    """
+    if not isinstance(x, (mx.nd.NDArray, mx.sym.Symbol)):
+        return x
+    is_np = _is_np(x)
+    legacy = x.as_nd_ndarray() if is_np else x
+    F = mx.sym if isinstance(legacy, mx.sym.Symbol) else mx.nd
+    if F is mx.nd:
+        if not dtypes.is_float(legacy.dtype) or dtypes.name_of(legacy.dtype) == dtype_name:
+            return x
+        if dtypes.name_of(legacy.dtype) not in ("float32", "float16", "bfloat16"):
+            legacy = legacy.astype("float32")
+    out = F.amp_cast(legacy, dtype=dtypes.to_mx(dtype_name))
+    return out.as_np_ndarray() if is_np else out
+
+
+def _cast_nested(value, dtype_name):
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast_nested(v, dtype_name) for v in value)
+    return cast_tensor(value, dtype_name)
+
+
+def _cast_parameter(param, dtype_name):
+    """Parameter.cast, but for every dtype and interface (``astype`` cannot make numpy bf16)."""
+    param._dtype = dtypes.to_mx(dtype_name)
+    if param._data is None:
+        return
+    with mx.autograd.pause():
+        param._data = [cast_array(d, dtype_name) for d in param._data]
+        if param._grad is not None:
+            param._grad = [cast_array(g, dtype_name) for g in param._grad]
+            mx.autograd.mark_variables(param._data, param._grad, param.grad_req)
+
+
+def _fp32_island(block, target):
+    """Make ``block`` compute in float32 between casts: float32 in, target dtype out."""
+    inner = block.hybrid_forward if isinstance(block, HybridBlock) else block.forward
+
+    if isinstance(block, HybridBlock):
+        @functools.wraps(inner)
+        def hybrid_forward(F, *args, **params):
+            return _cast_nested(inner(F, *_cast_nested(args, "float32"), **params), target)
+        block.hybrid_forward = hybrid_forward
+    else:
+        @functools.wraps(inner)
+        def forward(*args):
+            return _cast_nested(inner(*_cast_nested(args, "float32")), target)
+        block.forward = forward
+
+
+def _model_boundary(block, target, output_dtype):
+    """Cast float inputs to the target where they enter the model, outputs where they leave."""
+    inner = block.forward
+
+    @functools.wraps(inner)
+    def forward(*args):
+        out = inner(*_cast_nested(args, target))
+        return out if output_dtype is None else _cast_nested(out, output_dtype)
+    block.forward = forward
+
+
+def _all_blocks(block):
+    out = [block]
+    for child in block._children.values():
+        out.extend(_all_blocks(child))
+    return out
+
+
+def _plan(block, target, excluded):
+    """Split the model into (low-precision blocks, float32 islands), islands' subtrees included."""
+    low, islands = [], []
+
+    def visit(b):
+        if b in excluded or isinstance(b, FP32_LAYERS[target]):
+            islands.append(b)  # its children compute in float32 with it
+            return
+        if not isinstance(b, MIXED_INPUT_NORMS):
+            low.append(b)
+        for child in b._children.values():
+            visit(child)
+    visit(block)
+    return low, islands
+
+
+def _matches(block, rule):
+    if isinstance(rule, Block):
+        return block is rule
+    if isinstance(rule, type):
+        return isinstance(block, rule)
+    return rule in (block.name, block.prefix, block.prefix.rstrip("_"))
+
+
+def _check_exclude(exclude):
+    exclude = [] if exclude is None else exclude
+    if isinstance(exclude, (str, Block, type)):
+        exclude = [exclude]
+    if not isinstance(exclude, (list, tuple, set)):
+        raise TypeError("exclude must be a list of Blocks, Block classes or block names, got %s"
+                        % type(exclude).__name__)
+    for rule in exclude:
+        ok = isinstance(rule, (str, Block)) or (isinstance(rule, type) and issubclass(rule, Block))
+        if not ok:
+            raise TypeError("exclude entries must be Blocks, Block classes or block names (str), "
+                            "got %r" % (rule,))
+    return list(exclude)
+
+
+def _finish_init(block, example_inputs):
+    pending = [p.name for p in block.collect_params().values() if p._data is None]
+    if pending and example_inputs is None:
+        raise RuntimeError(
+            "parameters %s are not initialised yet (deferred initialisation waits for the first "
+            "forward pass): call block.initialize() and run block(x) once, or pass "
+            "example_inputs=<a batch> to cast_model" % ", ".join(pending[:3]))
+    if pending:
+        if not isinstance(example_inputs, (list, tuple)):
+            example_inputs = (example_inputs,)
+        with mx.autograd.pause():
+            block(*example_inputs)
+
+
+def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float32",
+               example_inputs=None):
+    """Cast a Gluon model for whole-model low-precision training (O2), in place; return it.
+
+    Parameters
+    ----------
+    block : gluon.Block
+        An initialised model (with ``example_inputs``, deferred initialisation is finished first).
+    target_dtype : 'bfloat16' (CPU or GPU) or 'float16' (GPU)
+    exclude : list of Block, Block class or str, optional
+        Layers kept in float32: the Block objects themselves, every layer of a class, or names
+        (``block.name`` such as ``'resnetv10_dense0'`` or its prefix ``'resnetv10_dense0_'``).
+        Normalisation layers are always kept (see the module doc).
+    output_dtype : str or None, default 'float32'
+        dtype of the outputs; None leaves them in the dtype they were computed in.
+    example_inputs : NDArray or tuple of NDArrays, optional
+        A batch to run once (no gradient) when parameters still wait for deferred init.
+
+    Raises ``TypeError`` for a non-Block or a bad ``exclude`` entry, ``ValueError`` for a bad
+    dtype or an exclude name matching no layer, and ``RuntimeError`` for a model cast twice,
+    uninitialised parameters, or float16 on a CPU (no float16 GEMM/convolution kernels).
+
+    >>> net = mx.gluon.nn.Dense(3, in_units=4)
+    >>> net.initialize()
+    >>> cast_model(net, 'bfloat16', output_dtype=None)(mx.nd.ones((1, 4))).dtype == dtypes.BFLOAT16
+    True
+    """
+    if not isinstance(block, Block):
+        raise TypeError("cast_model needs a gluon Block, got %s" % type(block).__name__)
+    target = dtypes.normalize(target_dtype)
+    if output_dtype is not None:
+        output_dtype = dtypes.name_of(output_dtype)
+    exclude = _check_exclude(exclude)
+    if getattr(block, "_mxamp_o2_target", None):
+        raise RuntimeError("this model was already cast to %s by cast_model; build a fresh model "
+                           "to cast it again" % block._mxamp_o2_target)
+    blocks = _all_blocks(block)
+    unmatched = [r for r in exclude if not any(_matches(b, r) for b in blocks)]
+    if unmatched:
+        raise ValueError("exclude entries match no layer of the model: %s (layer names: %s)"
+                         % (", ".join(map(str, unmatched)), ", ".join(b.name for b in blocks[:6])))
+    _finish_init(block, example_inputs)
+    low, islands = _plan(block, target, [b for b in blocks if any(_matches(b, r) for r in exclude)])
+    _check_device(block, target, low)
+    for lp_block in low:
+        for param in lp_block._reg_params.values():
+            if dtypes.is_float(param.dtype):
+                _cast_parameter(param, target)
+    for island in islands:
+        _fp32_island(island, target)
+    _model_boundary(block, target, output_dtype)
+    block.apply(lambda b: b._clear_cached_op() if isinstance(b, HybridBlock) else None)
+    block._mxamp_o2_target = target
+    return block
+
+
+def _check_device(block, target, lp_leaves):
+    if target != "float16":
+        return
+    on_cpu = any(ctx.device_type.startswith("cpu") for p in block.collect_params().values()
+                 for ctx in p.list_ctx())
+    no_kernel = sorted({type(b).__name__ for b in lp_leaves if isinstance(b, _NO_FP16_CPU)})
+    if on_cpu and no_kernel:
+        raise RuntimeError(
+            "float16 %s layers cannot run on a CPU (MXNet has no float16 GEMM/convolution CPU "
+            "kernel): move the model to a GPU first (block.reset_ctx(mx.gpu(0))), or use "
+            "target_dtype='bfloat16' on a CPU" % ", ".join(no_kernel))

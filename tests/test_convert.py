@@ -1,0 +1,390 @@
+"""Graph conversion (amp.convert_*): structure of converted graphs for float16 and bfloat16,
+bfloat16 numerics against float32 on CPU, export/import round trips, numpy-interface blocks,
+BucketingModules, and the errors for bad input."""
+import collections
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from mxamp import amp, dtypes
+from mxamp.convert import ConvertedBlock, convert_symbol
+from mxamp.lists import get_op_lists
+from mxamp.precision_pass import cast_nodes, graph_nodes, output_dtypes, param_dtypes
+
+# Explicit lists make the exact cast counts independent of the default list data.
+FIXED_LISTS = dict(target_dtype_ops=["Convolution", "FullyConnected"], fp32_ops=["softmax"],
+                   conditional_fp32_ops=[])
+
+
+def rel_l2(a, b):
+    a, b = a.asnumpy().astype(np.float64), b.asnumpy().astype(np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@pytest.fixture(scope="module")
+def resnet18():
+    """A Xavier-initialised, hybridized ResNet-18 that has run once, its input and fp32 output."""
+    mx.random.seed(7)
+    np.random.seed(7)
+    net = mx.gluon.model_zoo.vision.resnet18_v1(prefix="resnetv10_")
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    x = mx.nd.random.uniform(shape=(4, 3, 224, 224))
+    return net, x, net(x)
+
+
+def nodes_by_name(sym):
+    return {n["name"]: n for n in graph_nodes(sym)}
+
+
+def input_names(sym, node_name):
+    nodes = graph_nodes(sym)
+    node = next(n for n in nodes if n["name"] == node_name)
+    return [nodes[i[0]]["name"] for i in node["inputs"]]
+
+
+def assert_no_duplicate_casts(sym):
+    keys = collections.Counter((tuple(c["sources"]), c["attrs"].get("dtype"))
+                               for c in cast_nodes(sym))
+    dupes = [k for k, n in keys.items() if n > 1]
+    assert not dupes, "tensors cast more than once to the same dtype: %s" % dupes
+
+
+def small_cnn_symbol():
+    """data feeds two convs (one shared cast), BatchNorm, an add of two branches, FC, softmax."""
+    data = mx.sym.var("data")
+    a = mx.sym.Convolution(data, num_filter=4, kernel=(3, 3), pad=(1, 1), name="conv_a")
+    b = mx.sym.Convolution(data, num_filter=4, kernel=(3, 3), pad=(1, 1), name="conv_b")
+    a = mx.sym.BatchNorm(a, name="bn")
+    h = mx.sym.elemwise_add(mx.sym.Activation(a, act_type="relu", name="relu"), b, name="add")
+    h = mx.sym.FullyConnected(mx.sym.flatten(h, name="flat"), num_hidden=3, name="fc")
+    return mx.sym.softmax(h, name="prob")
+
+
+@pytest.mark.parametrize("target", ["float16", "bfloat16"])
+def test_small_graph_casts_are_placed_once_and_bn_statistics_stay_fp32(target):
+    sym = small_cnn_symbol()
+    lp = convert_symbol(sym, target, **FIXED_LISTS)
+    casts = {c["name"]: (c["sources"], c["attrs"]["dtype"]) for c in cast_nodes(lp)}
+    # data (shared by both convs), 2 conv weights, 2 conv biases, fc weight and bias to the
+    # target; fc output back to float32 for softmax. softmax is already fp32: no output cast.
+    expected = {"data": target, "conv_a_weight": target, "conv_a_bias": target,
+                "conv_b_weight": target, "conv_b_bias": target, "fc_weight": target,
+                "fc_bias": target, "fc": "float32"}
+    got = {src[0]: dt for src, dt in casts.values()}
+    assert got == expected, "casts (source -> dtype) %s, expected %s" % (got, expected)
+    assert_no_duplicate_casts(lp)
+    bn_inputs = input_names(lp, "bn")
+    assert bn_inputs[1:] == ["bn_gamma", "bn_beta", "bn_moving_mean", "bn_moving_var"], \
+        "BatchNorm's gamma/beta/statistics must be read uncast, got inputs %s" % bn_inputs
+    types = output_dtypes(lp)
+    assert types["bn_output"] == target and types["add_output"] == target, \
+        "BatchNorm and the add must run in %s on %s input, got %s/%s" % (
+            target, target, types["bn_output"], types["add_output"])
+    assert types["prob_output"] == "float32", "the output must come back in float32"
+    assert [types[n] for n in ("bn_gamma", "bn_moving_var")] == ["float32", "float32"], \
+        "BatchNorm parameters must stay float32"
+
+
+def test_widest_multicast_conditional_fp32_and_shared_fp32_cast():
+    data, skip = mx.sym.var("data"), mx.sym.var("skip")
+    fc = mx.sym.FullyConnected(data, num_hidden=4, name="fc")
+    graph = mx.sym.Group([
+        mx.sym.elemwise_add(fc, skip, name="add"),                 # fp16 + unknown: multicast
+        mx.sym.elemwise_add(mx.sym.softmax(fc, name="sm"), fc, name="add2"),  # fp32 + fp16
+        mx.sym.Activation(fc, act_type="softrelu", name="sr"),     # conditional: fp32
+        mx.sym.Activation(fc, act_type="relu", name="rl")])        # stays fp16
+    lp = convert_symbol(graph, "float16", target_dtype_ops=["FullyConnected"],
+                        fp32_ops=["softmax"],
+                        conditional_fp32_ops=[("Activation", "act_type", ["softrelu"])])
+    casts = cast_nodes(lp)
+    multicasts = [c["sources"] for c in casts if c["op"] == "amp_multicast"]
+    assert multicasts == [["fc", "skip"]], \
+        "one amp_multicast over add's inputs, got %s" % multicasts
+    fc_to_fp32 = [c for c in casts
+                  if c["sources"] == ["fc"] and c["attrs"].get("dtype") == "float32"]
+    assert len(fc_to_fp32) == 1, "softmax, add2 and softrelu must share one fp32 cast of fc"
+    types = output_dtypes(lp)
+    got = {n: types[n + "_output"] for n in ("sr", "rl", "add2")}
+    assert got == {"sr": "float32", "rl": "float16", "add2": "float32"}, \
+        "softrelu fp32, relu fp16, fp32+fp16 add in fp32; got %s" % got
+    assert_no_duplicate_casts(lp)
+
+
+def test_fp32_outputs_false_keeps_the_low_precision_output():
+    fc = mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=3, name="fc")
+    kept = convert_symbol(fc, "bfloat16", fp32_outputs=False, **FIXED_LISTS)
+    default = convert_symbol(fc, "bfloat16", **FIXED_LISTS)
+    assert output_dtypes(kept)[kept.list_outputs()[0]] == "bfloat16", \
+        "fp32_outputs=False must leave the FC output in bfloat16"
+    assert output_dtypes(default)[default.list_outputs()[0]] == "float32", \
+        "by default the output is cast back to float32"
+
+
+def test_excluded_node_stays_fp32_and_its_low_precision_input_is_cast_back():
+    sym = small_cnn_symbol()
+    lp = convert_symbol(sym, "float16", excluded_sym_names=["fc"], **FIXED_LISTS)
+    types = output_dtypes(lp)
+    assert types["fc_output"] == "float32", "excluded fc must run in float32"
+    assert not any(c["sources"][0].startswith("fc_") for c in cast_nodes(lp)), \
+        "the excluded fc's weight and bias must not be cast"
+    fc_data = input_names(lp, "fc")[0]
+    assert types[fc_data + "_output"] == "float32", \
+        "the fc's float16 input must be cast back to float32, got %s" % types[fc_data + "_output"]
+
+
+def test_cast_optional_params_types_weights_in_target_dtype():
+    sym = small_cnn_symbol()
+    lp = convert_symbol(sym, "bfloat16", data_names=["data"], cast_optional_params=True,
+                        **FIXED_LISTS)
+    wanted = param_dtypes(lp)
+    assert wanted["conv_a_weight"] == "bfloat16" and wanted["fc_bias"] == "bfloat16", \
+        "weights must be typed bfloat16, got %s" % wanted
+    assert wanted["bn_gamma"] == "float32" and wanted["bn_moving_mean"] == "float32", \
+        "BatchNorm parameters stay float32, got %s" % wanted
+    sources = [c["sources"][0] for c in cast_nodes(lp)]
+    assert sources == ["data", "fc"], "only data and the fc output are cast, got %s" % sources
+
+
+@pytest.mark.parametrize("target", ["float16", "bfloat16"])
+def test_resnet18_graph_structure(resnet18, target):
+    net, _, _ = resnet18
+    lp = convert_symbol(net._cached_graph[1], target, data_names=["data"], **FIXED_LISTS)
+    casts = cast_nodes(lp)
+    by_dtype = collections.Counter(c["attrs"]["dtype"] for c in casts)
+    # data + 20 conv weights + FC weight + FC bias to the target, the output back to fp32.
+    assert by_dtype == {target: 23, "float32": 1}, "ResNet-18 casts: %s" % dict(by_dtype)
+    assert_no_duplicate_casts(lp)
+    types = output_dtypes(lp)
+    nodes = graph_nodes(lp)
+    for node in nodes:
+        if node["op"] == "Convolution":
+            ins = [nodes[i[0]]["name"] + ("_output" if nodes[i[0]]["op"] != "null" else "")
+                   for i in node["inputs"]]
+            assert {types[i] for i in ins} == {target}, "%s inputs %s not all %s" % (
+                node["name"], ins, target)
+        if node["op"] == "BatchNorm":
+            params = [nodes[i[0]] for i in node["inputs"][1:]]
+            assert all(p["op"] == "null" and types[p["name"]] == "float32" for p in params), \
+                "%s must read its parameters uncast in float32" % node["name"]
+    out_name = lp.list_outputs()[0]
+    assert types[out_name] == "float32", "the output must be float32"
+
+
+@pytest.mark.parametrize("target", ["float16", "bfloat16"])
+def test_default_lists_give_a_consistent_graph(resnet18, target):
+    net, _, _ = resnet18
+    lists = get_op_lists(target)
+    lp = convert_symbol(net._cached_graph[1], target, data_names=["data"])
+    assert_no_duplicate_casts(lp)
+    types = output_dtypes(lp)
+    nodes = graph_nodes(lp)
+    for node in nodes:
+        if node["op"] in lists.low_precision:
+            data_in = nodes[node["inputs"][0][0]]
+            name = data_in["name"] + ("" if data_in["op"] == "null" else "_output")
+            assert types[name] == target, "%s (%s) reads %s data" % (
+                node["name"], node["op"], types[name])
+    assert types[lp.list_outputs()[0]] == "float32", "the output must be float32"
+
+
+def test_resnet18_bf16_numerics_and_top1(resnet18):
+    net, x, ref = resnet18
+    lp = amp.convert_hybrid_block(net)  # defaults: the block's CPU context, hence bfloat16
+    out = lp(x)
+    assert cast_nodes(lp._cached_graph[1])[0]["attrs"]["dtype"] == "bfloat16", \
+        "default target on a CPU must be bfloat16"
+    err = rel_l2(out, ref)
+    assert out.dtype == np.float32, "output must be float32, got %s" % out.dtype
+    assert err < 0.02, "bf16 ResNet-18 relative L2 error %.4f >= 2%%" % err
+    agree = int((out.argmax(axis=1) == ref.argmax(axis=1)).sum().asscalar())
+    assert agree == x.shape[0], "top-1 agrees on %d of %d images" % (agree, x.shape[0])
+    assert lp.collect_params()["resnetv10_conv0_weight"].data().context == mx.cpu(), \
+        "ctx=None must keep the parameters on the block's CPU context"
+
+
+def test_export_import_round_trip_keeps_casts_and_outputs(resnet18, tmp_path):
+    net, x, _ = resnet18
+    lp = amp.convert_hybrid_block(net, "bfloat16", cast_optional_params=True)
+    assert isinstance(lp, ConvertedBlock)
+    out = lp(x)
+    prefix = str(tmp_path / "r18bf16")
+    lp.export(prefix)
+    back = mx.gluon.SymbolBlock.imports(prefix + "-symbol.json", ["data"], prefix + "-0000.params")
+    n_before, n_after = len(cast_nodes(lp._cached_graph[1])), len(cast_nodes(back._cached_graph[1]))
+    assert n_before == n_after > 0, "casts before/after export: %d/%d" % (n_before, n_after)
+    weight = back.collect_params()["resnetv10_conv0_weight"].data()
+    assert weight.dtype == dtypes.BFLOAT16, "imported conv weight is %s, not bf16" % weight.dtype
+    diff = float((back(x) - out).abs().max().asscalar())
+    assert diff == 0.0, "outputs differ by %g after the export/import round trip" % diff
+
+
+def test_block_that_never_ran_needs_example_inputs_and_converts_with_them(seed):
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(16, activation="relu"), mx.gluon.nn.Dense(3))
+    net.initialize(mx.init.Xavier())  # deferred init: shapes unknown until a forward pass
+    net.hybridize()
+    with pytest.raises(RuntimeError, match="example_inputs"):
+        amp.convert_hybrid_block(net, "bfloat16")
+    x = mx.nd.random.uniform(shape=(5, 10))
+    lp = amp.convert_hybrid_block(net, "bfloat16", example_inputs=x)
+    err = rel_l2(lp(x), net(x))
+    assert err < 0.02, "converted MLP relative error %.4f" % err
+
+
+def test_not_hybridized_block_converts_with_example_input_and_stays_imperative(seed):
+    net = mx.gluon.nn.Dense(4, in_units=6)
+    net.initialize(mx.init.Xavier())
+    x = mx.nd.random.uniform(shape=(2, 6))
+    lp = amp.convert_hybrid_block(net, "bfloat16", example_inputs=[x])
+    assert rel_l2(lp(x), net(x)) < 0.02, "converted Dense disagrees with fp32"
+    assert not net._cached_graph and not net._active, "the source block must be left as it was"
+
+
+def test_numpy_interface_block_converts(seed):
+    mx.npx.set_np()
+    try:
+        net = mx.gluon.nn.HybridSequential()
+        net.add(mx.gluon.nn.Conv2D(8, 3), mx.gluon.nn.BatchNorm(), mx.gluon.nn.Activation("relu"),
+                mx.gluon.nn.Dense(4))
+        net.initialize(mx.init.Xavier())
+        net.hybridize()
+        x = mx.np.random.uniform(size=(2, 3, 8, 8))
+        lp = amp.convert_hybrid_block(net, "bfloat16", example_inputs=x)
+        out, ref = lp(x), net(x)
+        assert isinstance(out, mx.np.ndarray), "a numpy block must give a numpy array"
+        err = float(np.linalg.norm((out - ref).asnumpy()) / np.linalg.norm(ref.asnumpy()))
+        assert err < 0.02, "numpy-interface block relative error %.4f" % err
+        assert len(cast_nodes(lp._cached_graph[1])) > 0, "no casts were inserted"
+    finally:
+        mx.npx.reset_np()
+
+
+def test_convert_model_casts_params_without_touching_the_callers_dicts(seed):
+    sym = small_cnn_symbol()
+    net_args = {"conv_a_weight": (4, 3, 3, 3), "conv_a_bias": (4,), "conv_b_weight": (4, 3, 3, 3),
+                "conv_b_bias": (4,), "bn_gamma": (4,), "bn_beta": (4,), "fc_weight": (3, 256),
+                "fc_bias": (3,)}
+    args = {k: mx.nd.random.uniform(-0.5, 0.5, shape=s) for k, s in net_args.items()}
+    aux = {"bn_moving_mean": mx.nd.zeros((4,)), "bn_moving_var": mx.nd.ones((4,))}
+    lp, new_args, new_aux = amp.convert_model(sym, args, aux, "bfloat16",
+                                              cast_optional_params=True, **FIXED_LISTS)
+    assert new_args["fc_weight"].dtype == dtypes.BFLOAT16, "fc weight must be stored in bf16"
+    assert args["fc_weight"].dtype == np.float32, "the caller's dict must not change"
+    assert new_aux["bn_moving_var"].dtype == np.float32, "BatchNorm statistics stay float32"
+    x = mx.nd.random.uniform(shape=(2, 3, 8, 8))
+    ref = sym.bind(mx.cpu(), dict(args, data=x), aux_states=aux).forward()[0]
+    out = lp.bind(mx.cpu(), dict(new_args, data=x), aux_states=new_aux).forward()[0]
+    assert rel_l2(out, ref) < 0.02, "converted model error %.4f" % rel_l2(out, ref)
+
+
+def test_bucketing_module_converts_every_bucket(seed):
+    def sym_gen(seq_len):
+        h = mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=16, flatten=False, name="fc1")
+        h = mx.sym.Activation(mx.sym.mean(h, axis=1, name="pool"), act_type="relu", name="relu")
+        out = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(h, num_hidden=4, name="fc2"),
+                                   name="softmax")
+        return out, ("data",), ("softmax_label",)
+
+    def batch(seq_len):
+        return mx.io.DataBatch([mx.nd.random.uniform(shape=(2, seq_len, 3))], [mx.nd.zeros((2,))],
+                               bucket_key=seq_len,
+                               provide_data=[mx.io.DataDesc("data", (2, seq_len, 3))],
+                               provide_label=[mx.io.DataDesc("softmax_label", (2,))])
+
+    mod = mx.mod.BucketingModule(sym_gen, default_bucket_key=8, context=mx.cpu())
+    mod.bind(data_shapes=[("data", (2, 8, 3))], label_shapes=[("softmax_label", (2,))],
+             for_training=False)
+    mod.init_params(mx.init.Xavier())
+    mod.switch_bucket(4, [("data", (2, 4, 3))], [("softmax_label", (2,))])
+    lp = amp.convert_bucketing_module(mod, "bfloat16", cast_optional_params=True)
+    lp.bind(data_shapes=[("data", (2, 8, 3))], label_shapes=[("softmax_label", (2,))],
+            for_training=False)
+    for seq_len in (8, 4, 5):  # 5: a bucket first seen after the conversion
+        b = batch(seq_len)
+        mod.forward(b, is_train=False)
+        lp.forward(b, is_train=False)
+        err = rel_l2(lp.get_outputs()[0], mod.get_outputs()[0])
+        assert err < 0.02, "bucket %d: relative error %.4f" % (seq_len, err)
+    assert set(lp._buckets) == {8, 4, 5}, "buckets converted: %s" % sorted(lp._buckets)
+    assert all(cast_nodes(m.symbol) for m in lp._buckets.values()), "a bucket has no casts"
+    assert lp.get_params()[0]["fc1_weight"].dtype == dtypes.BFLOAT16, "weights not stored in bf16"
+
+
+def test_float16_graph_builds_on_cpu_but_running_it_there_is_refused(resnet18):
+    net, _, _ = resnet18
+    lp = convert_symbol(net._cached_graph[1], "float16", data_names=["data"])
+    assert cast_nodes(lp), "building the float16 graph on a CPU machine must work"
+    with pytest.raises(RuntimeError, match="float16 has no CPU kernel.*Convolution"):
+        amp.convert_hybrid_block(net, "float16")
+    with pytest.raises(RuntimeError, match="no CPU kernel"):
+        amp.convert_hybrid_block(net, "float16", ctx=mx.cpu())
+
+
+def test_bad_input_raises_clear_errors(resnet18):
+    net, _, _ = resnet18
+    sym = net._cached_graph[1]
+    with pytest.raises(ValueError, match="not registered MXNet operators: Conv2DTypo"):
+        convert_symbol(sym, "bfloat16", target_dtype_ops=["Conv2DTypo"])
+    with pytest.raises(ValueError, match="target_dtype must be float16 or bfloat16"):
+        convert_symbol(sym, "int8")
+    with pytest.raises(ValueError, match="not in the graph: conv_zero"):
+        convert_symbol(sym, "bfloat16", excluded_sym_names=["conv_zero"])
+    with pytest.raises(ValueError, match="not inputs of the symbol"):
+        convert_symbol(sym, "bfloat16", data_names=["image"])
+    with pytest.raises(TypeError, match="fp32_ops must be a list of strings"):
+        convert_symbol(sym, "bfloat16", fp32_ops="softmax")
+    with pytest.raises(TypeError, match="excluded_sym_names must be a list"):
+        convert_symbol(sym, "bfloat16", excluded_sym_names="resnetv10_conv0_fwd")
+    with pytest.raises(TypeError, match="needs an mxnet Symbol"):
+        convert_symbol(net, "bfloat16")
+    with pytest.raises(TypeError, match="needs a gluon HybridBlock"):
+        amp.convert_hybrid_block(sym, "bfloat16")
+    with pytest.raises(TypeError, match="ctx must be an mx.Context"):
+        amp.convert_hybrid_block(net, "bfloat16", ctx="cpu")
+    with pytest.raises(TypeError, match="arg_params must be a dict"):
+        amp.convert_model(sym, [], {}, "bfloat16")
+    with pytest.raises(TypeError, match="BucketingModule"):
+        amp.convert_bucketing_module(net, "bfloat16")
+    assert sym.list_inputs()[0] == "data" and not cast_nodes(sym), "the input graph changed"
+
+
+def test_op_in_no_list_runs_in_fp32_with_a_warning(caplog):
+    import dataclasses
+    from mxamp.convert import _convert
+    lists = get_op_lists("bfloat16").with_overrides(
+        target_precision_ops=FIXED_LISTS["target_dtype_ops"], fp32_ops=FIXED_LISTS["fp32_ops"])
+    lists = dataclasses.replace(lists, neutral=frozenset(lists.neutral - {"Flatten"}),
+                                widest=frozenset(lists.widest - {"Flatten"}))
+    fc = mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=8, name="fc1")
+    sym = mx.sym.FullyConnected(mx.sym.Flatten(fc, name="flat"), num_hidden=2, name="fc2")
+    with caplog.at_level("WARNING", logger="mxamp.convert"):
+        lp = _convert(sym, lists, [], ["data"], False, True)
+    assert "Flatten" in caplog.text, "no warning names the unlisted op: %r" % caplog.text
+    assert output_dtypes(lp)["flat_output"] == "float32", "an unlisted op must run in float32"
+
+
+def test_two_inputs_two_outputs_and_fp32_outputs_false(seed):
+    class TwoHeads(mx.gluon.nn.HybridBlock):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
+                self.a, self.b = mx.gluon.nn.Dense(4), mx.gluon.nn.Dense(3)
+
+        def hybrid_forward(self, F, x, y):
+            return self.a(x), F.softmax(self.b(y))
+
+    net = TwoHeads()
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    x, y = mx.nd.random.uniform(shape=(2, 5)), mx.nd.random.uniform(shape=(2, 6))
+    ref = net(x, y)
+    out = amp.convert_hybrid_block(net, "bfloat16", example_inputs=(x, y))(x, y)
+    assert [o.dtype for o in out] == [np.float32, np.float32], "both outputs must be float32"
+    errors = [rel_l2(o, r) for o, r in zip(out, ref)]
+    assert max(errors) < 0.02, "two-head relative errors %s" % errors
+    kept = amp.convert_hybrid_block(net, "bfloat16", fp32_outputs=False)(x, y)
+    got = [dtypes.name_of(o.dtype) for o in kept]
+    assert got == ["bfloat16", "float32"], \
+        "fp32_outputs=False: the Dense head stays bf16, softmax (an fp32 op) fp32; got %s" % got
