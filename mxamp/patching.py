@@ -143,7 +143,8 @@ def init(target_dtype="float16", target_precision_ops=None, conditional_fp32_ops
                    " and other op-list overrides"))
         lists = get_op_lists(target).with_overrides(
             target_precision_ops=target_precision_ops, conditional_fp32_ops=conditional_fp32_ops,
-            fp32_ops=fp32_ops, known_ops=opfuncs.registered_ops().names)
+            fp32_ops=fp32_ops, known_ops=opfuncs.registered_ops().names,
+            canonical=opfuncs.registered_ops().canonical)
         lists = _canonicalize(lists)
         REGISTRY.apply(target, lists)
         REGISTRY.arguments = arguments

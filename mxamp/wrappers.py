@@ -202,7 +202,13 @@ def _symbol_wrapper(func, policy):
                     _set(args, kwargs, slot, table.cast(_get(args, kwargs, slot), to))
         elif mode == "widest" and len(slots) > 1:
             known = {d for d in in_dtypes if d is not None}
-            if None in in_dtypes:
+            if None in in_dtypes and policy.target == "float16" and not gpu_available():
+                # amp_multicast has no float16 CPU kernel ("unknown type for MKLDNN :2");
+                # without a GPU nothing runs in float16 unless cast by hand: go to float32.
+                for slot, cur in zip(slots, in_dtypes):
+                    if cur != "float32" and cur != "float64":
+                        _set(args, kwargs, slot, table.cast(_get(args, kwargs, slot), "float32"))
+            elif None in in_dtypes:
                 casted = table.multicast([_get(args, kwargs, s) for s in slots])
                 for slot, sym in zip(slots, casted):
                     _set(args, kwargs, slot, sym)

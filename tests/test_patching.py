@@ -377,3 +377,21 @@ def test_weight_cast_never_stale_after_update(amp_bf16, seed):
                     mx.nd.amp_cast(out, dtype=F32).asnumpy())
         w[:] = w * 2          # an optimizer-like in-place update between steps
     assert np.allclose(outs[1], 2 * outs[0], rtol=1e-2), "the second step must see the new weight"
+
+
+def test_fp16_hybridized_widest_runs_on_cpu(amp_fp16, seed):
+    class Mix(gluon.HybridBlock):
+        def hybrid_forward(self, F, x):
+            half = F.amp_cast(x, dtype="float16")
+            prod = F.concat(F.broadcast_mul(half, x), x, dim=1)
+            return F.concat(half, F.relu(x), dim=1) + prod
+
+    block = Mix()
+    block.hybridize()
+    x = _nd((2, 3))
+    out = block(x)
+    got = out.asnumpy()
+    assert out.dtype == F32 and got.shape == (2, 6), "widest of fp16 and fp32 is fp32"
+    v = x.asnumpy()
+    expected = np.concatenate([v + v * v, np.maximum(v, 0) + v], axis=1)
+    assert np.allclose(got, expected, atol=2e-3), "float16 widest ops on CPU must compute right"

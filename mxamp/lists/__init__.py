@@ -84,15 +84,16 @@ class OpLists:
         return self.reasons.get(op_name, "")
 
     def with_overrides(self, target_precision_ops=None, conditional_fp32_ops=None,
-                       fp32_ops=None, known_ops=None):
+                       fp32_ops=None, known_ops=None, canonical=None):
         """A copy in which the given lists replace the defaults of their category.
 
         The parameters mean what they mean in ``amp.init``: ``target_precision_ops`` and
         ``fp32_ops`` are lists of op names, ``conditional_fp32_ops`` a list of
         ``(op name, parameter name, [values])``. An op named in an override leaves its old
         category; an op that a replaced default list held and no override names becomes
-        neutral. Raises ``ValueError`` for a name in two lists or (given ``known_ops``, the
-        registered operator names) for a name that is not an operator.
+        neutral. Given ``canonical`` (alias -> canonical op name), naming one alias of an op
+        moves all its aliases. Raises ``ValueError`` for a name in two lists or (given
+        ``known_ops``, the registered operator names) for a name that is not an operator.
 
         >>> lists = get_op_lists('float16').with_overrides(fp32_ops=['FullyConnected'])
         >>> lists.category('FullyConnected')
@@ -116,6 +117,9 @@ class OpLists:
                     "amp.list_fp32_ops() and mx.operator.get_all_registered_operators() "
                     "list valid names)" % ", ".join(unknown))
         named = {n for names in given.values() for n in names}
+        if canonical is not None:  # naming one alias of an op moves every alias of it
+            roots = {canonical.get(n, n) for n in named}
+            named |= {n for n in self.all_ops() if canonical.get(n, n) in roots}
         low = set(self.low_precision) - named
         fp32 = set(self.fp32) - named
         cond = {k: v for k, v in self.conditional_fp32.items() if k not in named}

@@ -1,0 +1,366 @@
+#!/usr/bin/env python
+"""Run MXNet operators on bfloat16 (or float16) CPU inputs and report which ones really work.
+
+mxamp's op lists may only call an op dtype-neutral, widest-type or low-precision for a target
+when MXNet has a CPU kernel for that dtype. Some kernels are missing ("Unknown type enum 12"),
+some give wrong numbers and some corrupt the heap (2-D/4-D ``transpose`` on bfloat16), which
+kills the process later. So every op runs in its own forked child: the parent imports MXNet
+once and never runs an op; a child runs one op on float32 and on the target dtype with the same
+(pre-rounded) inputs, compares, churns the allocator to surface heap corruption, and reports
+through a pipe. A child that dies is reported as a crash with the tail of its stderr.
+
+Statuses: ``ok``; ``no_kernel`` (float32 works, the target raises); ``crash``; ``mismatch``
+(values differ from float32 by more than the target's rounding allows); ``timeout``; ``dtype``
+(runs but returns float32: fine for samplers, casts and index outputs); ``skipped`` (float32
+fails too: the op needs a recipe, or has no tensor input).
+
+Usage::
+
+    python ci/probe_bf16_kernels.py                       # ops the bf16 lists run in bf16
+    python ci/probe_bf16_kernels.py --all --dtype float16 # every forward op, float16
+    python ci/probe_bf16_kernels.py --ops transpose,Embedding --out /tmp/probe.txt
+
+Exit status 1 when any probed op crashes, raises, times out or gives wrong numbers. It needs
+no network and takes about four minutes on two cores for the ~420 ops of the bf16 lists.
+The last full runs are kept in ``ci/probe_results_bfloat16.txt`` / ``..._float16.txt``.
+"""
+import argparse
+import ctypes
+import gc
+import json
+import os
+import re
+import select
+import signal
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import mxnet as mx  # noqa: E402
+from mxnet.base import _LIB, c_str, check_call, py_str  # noqa: E402
+from probe_recipes import GENERIC_SHAPES, RECIPES, SCALAR_KW  # noqa: E402  (lives beside us)
+
+BFLOAT16 = np.dtype([("bfloat16", np.uint16)])
+
+#: Ops whose output is random: only dtype and shape are compared, not values.
+RANDOM_OP = re.compile(r"random|sample|shuffle|dropout|bernoulli|choice|multinomial|"
+                       r"^_npi_(normal|uniform|gamma|exponential|pareto|powerd|rayleigh|"
+                       r"weibull|gumbel|logistic)")
+
+
+def _op_info(name):
+    handle = ctypes.c_void_p()
+    check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(handle)))
+    real_name, desc, kv_name, ret = (ctypes.c_char_p() for _ in range(4))
+    num_args = ctypes.c_uint()
+    arg_names, arg_types, arg_descs = (ctypes.POINTER(ctypes.c_char_p)() for _ in range(3))
+    check_call(_LIB.MXSymbolGetAtomicSymbolInfo(
+        handle, ctypes.byref(real_name), ctypes.byref(desc), ctypes.byref(num_args),
+        ctypes.byref(arg_names), ctypes.byref(arg_types), ctypes.byref(arg_descs),
+        ctypes.byref(kv_name), ctypes.byref(ret)))
+    args = [(py_str(arg_names[i]), py_str(arg_types[i])) for i in range(num_args.value)]
+    return handle.value, py_str(real_name.value), args, py_str(kv_name.value or b"")
+
+
+def is_backward(name):
+    """True for the pure-backward helpers: a ``backward`` word anywhere in the name."""
+    return "backward" in name.split("_")
+
+
+def forward_ops():
+    """{canonical name: sorted alias names} for every registered forward operator."""
+    groups = {}
+    for name in mx.operator.get_all_registered_operators():
+        if is_backward(name):
+            continue
+        handle, canonical, _, _ = _op_info(name)
+        groups.setdefault(canonical, set()).add(name)
+    return {canon: sorted(names) for canon, names in groups.items()}
+
+
+def _generic_recipes(name):
+    _, _, args, kv_name = _op_info(name)
+    tensors = [a for a, t in args if t.startswith("NDArray-or-Symbol")]
+    variadic = any(t.startswith("NDArray-or-Symbol[]") for _, t in args)
+    if not tensors:
+        return []
+    recipes = []
+    # Trailing inputs may be optional (softmax's ``length``): also try with fewer of them.
+    for count in ([2] if variadic else range(len(tensors), 0, -1)):
+        kwargs = {}
+        if kv_name:
+            kwargs[kv_name] = count
+        if any(a == "scalar" for a, _ in args):
+            kwargs.update(SCALAR_KW)
+        # Samplers loop forever on negative rates: feed them positive values.
+        kind = "f" if RANDOM_OP.search(name) else "n"
+        recipes += [([(kind, shape)] * count, dict(kwargs)) for shape in GENERIC_SHAPES]
+    return recipes
+
+
+def recipes_for(name, canonical):
+    return RECIPES.get(canonical) or RECIPES.get(name) or _generic_recipes(name)
+
+
+# ------------------------------------------- child side --------------------------------------
+def _to_mx_dtype(dtype):
+    return BFLOAT16 if dtype == "bfloat16" else np.dtype(dtype)
+
+
+def _bf16_round(values):
+    """Round float32 values to the nearest bfloat16 (so fp32 and bf16 runs see equal inputs)."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    return rounded.view(np.float32)
+
+
+def _as_float32(array):
+    host = array.asnumpy()
+    if host.dtype == BFLOAT16:
+        flat = host.reshape(-1).view(np.uint16).astype(np.uint32) << 16
+        return flat.view(np.float32).reshape(host.shape)
+    return host.astype(np.float64) if host.dtype.kind in "fiub" else host
+
+
+def _make_inputs(specs, dtype, rng, widest=False):
+    """Host arrays (already rounded to ``dtype``) and the dtype each input is fed in.
+
+    For a widest-type op every float input is fed in ``dtype`` (AMP makes them agree).
+    """
+    made = []
+    for spec in specs:
+        kind, shape = spec[0], spec[1]
+        if kind in "fF":
+            values = rng.uniform(0.5, 1.5, shape)
+        elif kind == "n":
+            values = rng.uniform(-1.0, 1.0, shape)
+        elif kind == "b":
+            values = rng.integers(0, 2, shape).astype(np.float64)
+        else:
+            values = rng.integers(0, spec[2], shape).astype(np.float64)
+        values = values.astype(np.float32)
+        feed = {"F": "float32", "i": "float32", "I": "int32"}.get(kind, dtype)
+        if widest and kind in "Fi":
+            kind, feed = "f", dtype
+        if dtype == "bfloat16":
+            values = _bf16_round(values) if kind in "fnb" else values
+        elif dtype == "float16" and kind in "fnb":
+            values = values.astype(np.float16).astype(np.float32)
+        made.append((values, feed))
+    return made
+
+
+def _to_nd(values, feed):
+    if feed == "bfloat16":
+        return mx.nd.amp_cast(mx.nd.array(values, dtype="float32"), dtype=BFLOAT16)
+    return mx.nd.array(values, dtype=feed)
+
+
+def _invoke(handle, arrays, kwargs, np_op):
+    from mxnet._ctypes.ndarray import _imperative_invoke
+    keys = list(kwargs)
+    vals = [str(v) for v in kwargs.values()]
+    with mx.util.np_shape(np_op), mx.util.np_array(np_op):
+        out = _imperative_invoke(handle, arrays, keys, vals, None, np_op, True)
+        outs = out if isinstance(out, (list, tuple)) else [out]
+        return [(_as_float32(o), o.dtype) for o in outs]
+
+
+def _compare(ref, got, dtype, random_output):
+    """(status, detail): 'ok' when the target's outputs match the float32 ones.
+
+    The tolerance is loose on purpose (reductions inside an op add rounding): the probe looks
+    for missing or broken kernels, whose errors are O(1) or NaN, not for last-bit accuracy.
+    """
+    tol = 0.05 if dtype == "bfloat16" else 0.01
+    for (ref_val, ref_dt), (got_val, got_dt) in zip(ref, got):
+        if ref_dt == np.float32 and got_dt != _to_mx_dtype(dtype):
+            return "dtype", "output dtype %s, expected %s" % (got_dt, dtype)
+        if ref_val.shape != got_val.shape:
+            return "mismatch", "shape %s vs float32 %s" % (got_val.shape, ref_val.shape)
+        if random_output or ref_val.size == 0:
+            continue
+        both_nan = np.isnan(ref_val) & np.isnan(got_val)
+        same_inf = np.isinf(ref_val) & (ref_val == got_val)
+        ref_val, got_val = (np.where(both_nan | same_inf, 0.0, v) for v in (ref_val, got_val))
+        scale = max(1.0, float(np.max(np.abs(ref_val))) if np.isfinite(ref_val).all() else 1.0)
+        err = float(np.max(np.abs(got_val - ref_val))) / scale
+        if not np.isfinite(err) or err > tol:
+            return "mismatch", "max relative error %.3g" % err
+    return "ok", ""
+
+
+def _child_probe(name, canonical, dtype, handle, fp32_when=None, widest=False):
+    np_op = name.startswith(("_np", "_npi", "_npx"))
+    random_output = bool(RANDOM_OP.search(canonical))
+    recipes = recipes_for(name, canonical)
+    if not recipes:
+        return {"status": "skipped", "detail": "no tensor inputs"}
+    tried, problems = 0, []
+    rank = {"ok": 0, "dtype": 1, "mismatch": 2, "no_kernel": 3}
+    for number, (specs, kwargs) in enumerate(recipes):
+        if fp32_when and str(kwargs.get(fp32_when[0])) in fp32_when[1]:
+            continue  # CONDITIONAL_FP32 runs this case in float32: nothing to check
+        rng = np.random.default_rng(7 + number)
+        host = _make_inputs(specs, dtype, rng, widest)
+        try:
+            ref = _invoke(handle, [_to_nd(v, "float32" if f == dtype else f) for v, f in host],
+                          kwargs, np_op)
+        except Exception as err:  # noqa: BLE001 - recipe does not fit this op; try the next
+            last_fp32_error = str(err).strip().splitlines()[-1][:160]
+            continue
+        tried += 1
+        try:
+            got = _invoke(handle, [_to_nd(v, f) for v, f in host], kwargs, np_op)
+        except Exception as err:  # noqa: BLE001
+            status, detail = "no_kernel", str(err).strip().splitlines()[-1][:200]
+        else:
+            status, detail = _compare(ref, got, dtype, random_output)
+        if status != "ok":
+            shapes = "x".join(str(s[1]) for s in specs).replace(" ", "")
+            problems.append((rank[status], status, "[%s %s] %s" % (
+                shapes, ",".join("%s=%s" % kv for kv in sorted(kwargs.items())), detail)))
+    if not tried:
+        return {"status": "skipped", "detail": "float32 fails too: " + last_fp32_error}
+    if problems:
+        worst = max(problems)[1]
+        return {"status": worst, "detail": "%d/%d recipes fail: %s" % (
+            len(problems), tried, " | ".join(p[2] for p in problems))}
+    return {"status": "ok", "detail": "%d recipe(s)" % tried}
+
+
+def _churn_heap():
+    """Allocate and free so that a corrupted heap aborts here, inside the child."""
+    mx.nd.waitall()
+    gc.collect()
+    blocks = [np.ones(n) for n in range(1, 2000, 7)]
+    arrays = [mx.nd.ones((n, 3)) for n in range(1, 64)]
+    mx.nd.waitall()
+    del blocks, arrays
+    gc.collect()
+
+
+# ------------------------------------------ parent side --------------------------------------
+def probe(name, dtype, fp32_when=None, widest=False, timeout=60.0):
+    """Probe one op in a forked child; returns a result dict (status, detail).
+
+    ``fp32_when`` is the op's CONDITIONAL_FP32 entry ``(parameter, values)``: recipes that set
+    the parameter to one of the values are not run (AMP runs them in float32). ``widest``
+    feeds every float input in ``dtype``, as AMP does for widest-type ops.
+    """
+    handle, canonical, _, _ = _op_info(name)
+    read_fd, write_fd = os.pipe()
+    err_file = tempfile.TemporaryFile()
+    pid = os.fork()
+    if pid == 0:  # child: never returns
+        os.close(read_fd)
+        os.dup2(err_file.fileno(), 2)
+        try:
+            result = _child_probe(name, canonical, dtype, handle, fp32_when, widest)
+            _churn_heap()
+        except BaseException as err:  # noqa: BLE001 - report anything that escapes
+            result = {"status": "error", "detail": repr(err)[:200]}
+        os.write(write_fd, json.dumps(result).encode())
+        os.close(write_fd)
+        os._exit(0)
+    os.close(write_fd)
+    chunks, deadline, timed_out = [], time.time() + timeout, False
+    while True:
+        if time.time() > deadline:
+            timed_out = True
+            os.kill(pid, signal.SIGKILL)
+            break
+        ready, _, _ = select.select([read_fd], [], [], 1.0)
+        if ready:
+            chunk = os.read(read_fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    os.close(read_fd)
+    _, status = os.waitpid(pid, 0)
+    err_file.seek(0)
+    err_tail = err_file.read().decode(errors="replace").strip().splitlines()[-1:]
+    err_file.close()
+    if timed_out:
+        return {"op": name, "status": "timeout", "detail": "no answer in %.0f s" % timeout}
+    if status != 0 or not chunks:
+        how = ("signal %d" % os.WTERMSIG(status)) if os.WIFSIGNALED(status) else "exit"
+        return {"op": name, "status": "crash",
+                "detail": "%s: %s" % (how, err_tail[0][:160] if err_tail else "")}
+    result = json.loads(b"".join(chunks).decode())
+    result["op"] = name
+    return result
+
+
+def _listed_ops(dtype, categories):
+    """The op names mxamp's lists for ``dtype`` hold in ``categories``, and their conditions."""
+    from mxamp.lists import get_op_lists
+    lists = get_op_lists(dtype)
+    names = set()
+    for category in categories:
+        names |= set(getattr(lists, category))
+    return names, dict(lists.conditional_fp32), set(lists.widest)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    parser.add_argument("--all", action="store_true", help="probe every forward operator")
+    parser.add_argument("--categories", default="neutral,widest,low_precision,conditional_fp32",
+                        help="mxamp list categories to probe (default: all but fp32)")
+    parser.add_argument("--ops", default="", help="comma-separated op names to probe")
+    parser.add_argument("--out", default="", help="also write the results table here")
+    parser.add_argument("--json", default="", help="also write the results as JSON here")
+    args = parser.parse_args(argv)
+
+    ops = forward_ops()
+    alias_of = {alias: canon for canon, names in ops.items() for alias in names}
+    listed, conditions, widest = _listed_ops(args.dtype, args.categories.split(","))
+    if args.ops:
+        wanted = set(args.ops.split(","))
+    elif args.all:
+        wanted = set(alias_of)
+    else:
+        wanted = listed
+    unknown = sorted(wanted - set(alias_of))
+    if unknown:
+        parser.error("not registered forward operators: %s" % ", ".join(unknown))
+    # One probe per op: prefer the canonical name, else the first listed alias.
+    chosen = {}
+    for name in sorted(wanted):
+        canon = alias_of[name]
+        if canon not in chosen or name == canon:
+            chosen[canon] = name
+    results, start = [], time.time()
+    for canon in sorted(chosen, key=str.lower):
+        result = probe(chosen[canon], args.dtype, conditions.get(chosen[canon]),
+                       chosen[canon] in widest)
+        result["aliases"] = [n for n in ops[canon] if n != result["op"]]
+        results.append(result)
+        print("%-48s %-9s %s" % (result["op"], result["status"], result["detail"]), flush=True)
+    counts = {}
+    for result in results:
+        counts[result["status"]] = counts.get(result["status"], 0) + 1
+    summary = "# %s: %d ops probed in %.0f s: %s" % (
+        args.dtype, len(results), time.time() - start,
+        ", ".join("%s %d" % kv for kv in sorted(counts.items())))
+    print(summary)
+    if args.out:
+        with open(args.out, "w") as handle:
+            handle.write(summary + "\n")
+            for r in results:
+                handle.write("%-48s %-9s %s\n" % (r["op"], r["status"], r["detail"]))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=1)
+    bad = [r for r in results
+           if r["status"] in ("crash", "no_kernel", "mismatch", "timeout", "error")]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
