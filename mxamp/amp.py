@@ -16,7 +16,8 @@ from .cpu import cpu_features
 from .lists import get_op_lists
 from .o2 import cast_model
 from .patching import disabled, init, is_initialized, op_lists, patch_state, reset, target_dtype
-from .trainer import init_trainer, scale_loss, unscale
+from . import loss_outputs  # noqa: F401  (registers the op that scales loss-output gradients)
+from .trainer import global_norm_and_overflow, init_trainer, loss_scaler, scale_loss, unscale
 
 __all__ = [
     "init", "init_trainer", "scale_loss", "unscale", "convert_symbol", "convert_model",
@@ -25,7 +26,7 @@ __all__ = [
     "list_loss_output_functions", "list_lp16_use_fp32_params", "list_fp16_ops",
     "list_fp16_fp32_ops", "disabled", "is_initialized", "patch_state", "target_dtype",
     "reset", "op_lists", "cast_model", "accuracy_report",
-    "cpu_features",
+    "cpu_features", "global_norm_and_overflow", "loss_scaler",
 ]
 
 

@@ -1,0 +1,233 @@
+"""float32 master weights: float16 weights through MXNet's multi-precision kernels, bfloat16
+weights through mxamp's MasterWeightUpdater; both train, skip and checkpoint correctly."""
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd, gluon
+
+from mxamp import amp, dtypes, optimizers
+
+OPTIMIZERS = [("sgd", {}), ("sgd", {"momentum": 0.9}), ("nag", {"momentum": 0.9}),
+              ("adam", {}), ("lamb", {})]
+LEARNING_RATES = {"sgd": 0.05, "nag": 0.05, "adam": 0.05, "lamb": 0.05}
+
+
+def as_fp32(array):
+    return mx.nd.amp_cast(array, dtype="float32").asnumpy()
+
+
+def fp32_arrays(state):
+    if isinstance(state, mx.nd.NDArray):
+        return [state] if state.dtype == np.float32 else []
+    if isinstance(state, (tuple, list)):
+        return [a for s in state for a in fp32_arrays(s)]
+    return []
+
+
+def master_of(trainer, index, weight):
+    """The float32 array in the optimizer state whose cast equals the weight."""
+    updater = trainer._updaters[0]
+    master = optimizers.master_weight(updater, index)
+    if master is not None:
+        return master
+    matches = [a for a in fp32_arrays(updater.states[index])
+               if np.array_equal(a.astype(weight.dtype).asnumpy(), weight.asnumpy())]
+    assert matches, "no float32 master copy found in the state of parameter %d" % index
+    return matches[0]
+
+
+# ----- float16 weights: MXNet's mp kernels, driven by the mxamp scaler -----
+def fp16_problem(seed=0):
+    rng = np.random.RandomState(seed)
+    true_w = rng.uniform(-1, 1, size=(8,))
+    x = rng.uniform(-1, 1, size=(64, 8))
+    y = x @ true_w
+    return mx.nd.array(x, dtype="float16"), mx.nd.array(y, dtype="float16")
+
+
+def fp16_loss(w, x, y):
+    # Elementwise ops only: MXNet has no float16 CPU kernel for FullyConnected/dot.
+    pred = mx.nd.sum(x * w.reshape((1, -1)), axis=1)
+    return mx.nd.mean(mx.nd.square(pred - y)).astype("float32")
+
+
+@pytest.mark.parametrize("name, extra", OPTIMIZERS)
+def test_float16_weights_train_with_float32_masters(seed, name, extra):
+    w = gluon.Parameter("w", shape=(8,), dtype="float16", init=mx.init.Zero())
+    w.initialize()
+    trainer = gluon.Trainer([w], name, dict(learning_rate=LEARNING_RATES[name],
+                                            multi_precision=True, **extra), kvstore=None)
+    amp.init_trainer(trainer, init_scale=2.0 ** 8)
+    x, y = fp16_problem()
+    losses = []
+    for _ in range(40):
+        with autograd.record():
+            loss = fp16_loss(w.data(), x, y)
+            with amp.scale_loss(loss, trainer) as scaled:
+                autograd.backward(scaled)
+        trainer.step(1)
+        losses.append(float(loss.asscalar()))
+    assert losses[-1] < 0.2 * losses[0], "%s: loss %g -> %g did not drop" % (
+        name, losses[0], losses[-1])
+    master = master_of(trainer, 0, w.data())
+    assert master.dtype == np.float32 and w.data().dtype == np.float16
+    assert np.array_equal(master.astype("float16").asnumpy(), w.data().asnumpy()), \
+        "the float16 weight must be the cast of its float32 master"
+
+
+# ----- bfloat16 weights: mxamp's master copies -----
+def bf16_net(seed=3):
+    mx.random.seed(seed)
+    net = gluon.nn.HybridSequential(prefix="bf_")
+    with net.name_scope():
+        net.add(gluon.nn.Dense(16, in_units=6, activation="relu"), gluon.nn.Dense(1, in_units=16))
+    net.initialize(mx.init.Xavier())
+    net.cast(dtypes.BFLOAT16)
+    return net
+
+
+def bf16_data(seed=0):
+    rng = np.random.RandomState(seed)
+    x = rng.uniform(-1, 1, size=(128, 6)).astype(np.float32)
+    y = (np.sin(x[:, :1] * 2) + x[:, 1:2] * x[:, 2:3]).astype(np.float32)
+    return mx.nd.amp_cast(mx.nd.array(x), dtype=dtypes.BFLOAT16), mx.nd.array(y)
+
+
+def bf16_step(net, trainer, x, y, poison=False):
+    with autograd.record():
+        pred = mx.nd.amp_cast(net(x), dtype="float32")
+        loss = mx.nd.mean(mx.nd.square(pred - y))
+        if poison:
+            loss = loss * float("inf")
+        with amp.scale_loss(loss, trainer) as scaled:
+            autograd.backward(scaled)
+    trainer.step(1)
+    return float(loss.asscalar())
+
+
+def bf16_trainer(net, name, extra):
+    trainer = gluon.Trainer(net.collect_params(), name,
+                            dict(learning_rate=LEARNING_RATES[name], **extra), kvstore=None)
+    amp.init_trainer(trainer)
+    return trainer
+
+
+@pytest.mark.parametrize("name, extra", OPTIMIZERS)
+def test_bfloat16_weights_train_with_float32_masters(name, extra):
+    net = bf16_net()
+    trainer = bf16_trainer(net, name, extra)
+    assert isinstance(trainer._updaters[0], optimizers.MasterWeightUpdater), "installed"
+    x, y = bf16_data()
+    losses = [bf16_step(net, trainer, x, y) for _ in range(60)]
+    assert losses[-1] < 0.5 * losses[0], "%s: loss %g -> %g did not drop" % (
+        name, losses[0], losses[-1])
+    for index, param in enumerate(trainer._params):
+        master = optimizers.master_weight(trainer._updaters[0], index)
+        assert master.dtype == np.float32, "%s master must be float32" % param.name
+        recast = mx.nd.amp_cast(master, dtype=dtypes.BFLOAT16)
+        assert np.array_equal(as_fp32(recast), as_fp32(param.data())), \
+            "%s: bf16 weight must equal cast(master)" % param.name
+    assert trainer._optimizer.num_update == 60, "every step counted once"
+
+
+def test_bfloat16_master_weights_accumulate_small_updates():
+    """An update below bf16's resolution is lost without a master copy, kept with one."""
+    p = gluon.Parameter("w", shape=(4,), dtype=dtypes.BFLOAT16, init=mx.init.One())
+    p.initialize()
+    trainer = gluon.Trainer([p], "sgd", {"learning_rate": 1e-3}, kvstore=None)
+    amp.init_trainer(trainer)
+    for _ in range(10):
+        with autograd.record():
+            loss = mx.nd.sum(mx.nd.amp_cast(p.data(), dtype="float32"))
+            with amp.scale_loss(loss, trainer) as scaled:
+                autograd.backward(scaled)
+        trainer.step(1)
+    master = optimizers.master_weight(trainer._updaters[0], 0).asnumpy()
+    np.testing.assert_allclose(master, 1.0 - 10 * 1e-3, rtol=1e-6,
+                               err_msg="10 steps of 1e-3 must accumulate in the fp32 master")
+    weight = as_fp32(p.data())
+    recast = mx.nd.amp_cast(mx.nd.array(master), dtype=dtypes.BFLOAT16)
+    assert np.array_equal(weight, as_fp32(recast)), "bf16 weight must equal cast(master)"
+    assert weight[0] == 0.98828125, "bf16(0.99); without a master 1 - 1e-3 rounds back to 1.0"
+
+
+def test_bfloat16_skipped_step_leaves_masters_and_states_identical():
+    net = bf16_net()
+    trainer = bf16_trainer(net, "adam", {})
+    x, y = bf16_data()
+    bf16_step(net, trainer, x, y)
+    states = trainer._updaters[0].states
+
+    def flat():
+        out = []
+        for index in sorted(states):
+            _, master, (mean, var) = states[index]
+            out += [master.asnumpy(), mean.asnumpy(), var.asnumpy()]
+        return out + [as_fp32(p.data()) for p in trainer._params]
+    before, count = flat(), dict(trainer._optimizer._index_update_count)
+    bf16_step(net, trainer, x, y, poison=True)
+    assert trainer._amp_loss_scaler.skipped_steps == 1
+    assert all(np.array_equal(a, b) for a, b in zip(before, flat())), "skip changed something"
+    assert trainer._optimizer._index_update_count == count, "update counts changed on skip"
+
+
+def test_bfloat16_masters_survive_save_and_load_states(tmp_path):
+    fname = str(tmp_path / "bf16.states")
+    net = bf16_net()
+    trainer = bf16_trainer(net, "sgd", {"momentum": 0.9})
+    x, y = bf16_data()
+    for _ in range(3):
+        bf16_step(net, trainer, x, y)
+    trainer.save_states(fname)
+    net.save_parameters(str(tmp_path / "bf16.params"))
+    resumed_net = bf16_net(seed=11)
+    resumed_net.load_parameters(str(tmp_path / "bf16.params"))
+    resumed = bf16_trainer(resumed_net, "sgd", {"momentum": 0.9})
+    resumed.load_states(fname)
+    for _ in range(2):
+        bf16_step(net, trainer, x, y)
+        bf16_step(resumed_net, resumed, x, y)
+    for index in range(len(trainer._params)):
+        a = optimizers.master_weight(trainer._updaters[0], index).asnumpy()
+        b = optimizers.master_weight(resumed._updaters[0], index).asnumpy()
+        assert np.array_equal(a, b), "resumed master weights must continue identically"
+
+
+def test_install_master_weights_only_for_bfloat16_trainers():
+    p = gluon.Parameter("w", shape=(2,))
+    p.initialize()
+    trainer = gluon.Trainer([p], "sgd", kvstore=None)
+    assert not optimizers.install_master_weights(trainer), "fp32 parameters need no masters"
+    assert type(trainer._updaters[0]) is mx.optimizer.Updater
+
+
+@pytest.mark.parametrize("kvstore", [None, "device"])
+def test_bfloat16_two_contexts_skip_and_keep_masters_in_step(kvstore):
+    contexts = [mx.cpu(0), mx.cpu(1)]
+    mx.random.seed(0)
+    net = gluon.nn.Dense(2, in_units=3, prefix="two_")
+    net.initialize(ctx=contexts)
+    net.cast(dtypes.BFLOAT16)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9},
+                            kvstore=kvstore)
+    amp.init_trainer(trainer)
+    masters = []
+    for step in range(3):
+        with autograd.record():
+            losses = [mx.nd.amp_cast(net(mx.nd.amp_cast(mx.nd.ones((2, 3), ctx=c),
+                                                        dtype=dtypes.BFLOAT16)),
+                                     dtype="float32").sum() for c in contexts]
+            if step == 1:
+                losses[1] = losses[1] * float("inf")   # only the second context overflows
+            with amp.scale_loss(losses, trainer) as scaled:
+                autograd.backward(scaled)
+        trainer.step(4)
+        index = trainer._param2idx[net.weight.name]
+        masters.append([optimizers.master_weight(u, index).asnumpy() for u in trainer._updaters])
+    assert trainer._amp_loss_scaler.skipped_steps == 1, "inf on cpu(1) must be caught"
+    assert all(np.array_equal(a, b) for a, b in zip(masters[0], masters[1])), \
+        "the skipped step must leave every context's master weights untouched"
+    assert not np.array_equal(masters[1][0], masters[2][0]), "the next clean step updates"
+    for updater, weight in zip(trainer._updaters, net.weight.list_data()):
+        recast = mx.nd.amp_cast(optimizers.master_weight(updater, index), dtype=dtypes.BFLOAT16)
+        assert np.array_equal(as_fp32(recast), as_fp32(weight)), "weight = cast(master)"

@@ -1,0 +1,134 @@
+"""One-pass finite checks and norms over gradient lists, on real MXNet arrays."""
+import math
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from mxamp import dtypes, overflow
+
+INF, NAN = float("inf"), float("nan")
+
+
+def bf16(values):
+    return mx.nd.amp_cast(mx.nd.array(values), dtype=dtypes.BFLOAT16)
+
+
+def random_arrays(n, dtype="float32", ctx=mx.cpu(0)):
+    rng = np.random.RandomState(0)
+    return [mx.nd.array(rng.randn(int(rng.randint(1, 50))), dtype=dtype, ctx=ctx)
+            for _ in range(n)]
+
+
+def test_clean_list_has_no_overflow():
+    report = overflow.check_finite(random_arrays(10))
+    assert not report.has_nonfinite and report.bad_indices == [], "finite data flagged"
+
+
+@pytest.mark.parametrize("bad_value", [INF, -INF, NAN])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "bfloat16"])
+def test_each_non_finite_value_is_found_in_each_dtype(bad_value, dtype):
+    values = [[1.0, 2.0], [3.0, bad_value, 4.0], [5.0]]
+    arrays = [bf16(v) if dtype == "bfloat16" else mx.nd.array(v, dtype=dtype) for v in values]
+    report = overflow.check_finite(arrays)
+    assert report.has_nonfinite and report.bad_indices == [1], \
+        "%s %r in array 1 must be reported, got %s" % (dtype, bad_value, report.bad_indices)
+
+
+def test_large_finite_float16_values_are_not_overflows():
+    # A sum of squares in float16 would overflow above 256; the check must not use one.
+    arrays = [mx.nd.array([300.0] * 64 + [65504.0], dtype="float16")]
+    assert not overflow.check_finite(arrays).has_nonfinite, "finite fp16 values flagged"
+
+
+def test_square_overflow_of_finite_float32_is_not_an_overflow():
+    # 3e19 squared is inf in float32: the exact re-check must clear it.
+    report = overflow.check_finite([mx.nd.array([3e19, 1.0]), mx.nd.array([3e19, INF])])
+    assert report.bad_indices == [1], "only the array that really holds inf is non-finite"
+
+
+def test_large_finite_bfloat16_values_are_not_overflows():
+    assert not overflow.check_finite([bf16([1e30, -2e30])]).has_nonfinite
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_large_arrays_take_the_per_array_path_and_are_exact(dtype):
+    size = overflow.LARGE_ARRAY + 3
+    values = np.full((3, size), 300.0, dtype=np.float32)   # 300**2 * size overflows fp16
+    values[1, -1], values[2, 5] = INF, NAN
+    arrays = [mx.nd.amp_cast(mx.nd.array(v), dtype=dtypes.BFLOAT16) if dtype == "bfloat16"
+              else mx.nd.array(v, dtype=dtype) for v in values]
+    report = overflow.check_finite(arrays)
+    assert report.bad_indices == [1, 2], "large %s arrays: got %s" % (dtype, report.bad_indices)
+    norm, bad = overflow.global_norm(arrays[:1])
+    # multi_sum_sq accumulates in float32: ~1e-4 relative error on 65k equal squares.
+    assert not bad and norm == pytest.approx(300.0 * np.sqrt(size), rel=1e-3), norm
+
+
+def test_mixed_dtypes_and_contexts_keep_input_positions():
+    arrays = [mx.nd.ones((3,), ctx=mx.cpu(1)), mx.nd.ones((2,), dtype="float16"),
+              bf16([1.0, NAN]), mx.nd.array([INF], ctx=mx.cpu(1)), mx.nd.ones((4,))]
+    report = overflow.check_finite(arrays)
+    assert report.bad_indices == [2, 3], "positions must survive grouping by dtype/context"
+
+
+def test_many_arrays_span_several_multi_sum_sq_calls():
+    arrays = random_arrays(overflow._MAX_ARRAYS_PER_CALL + 90)
+    arrays[overflow._MAX_ARRAYS_PER_CALL + 7][0] = NAN
+    arrays[3][0] = INF
+    report = overflow.check_finite(arrays)
+    assert report.bad_indices == [3, overflow._MAX_ARRAYS_PER_CALL + 7]
+
+
+def test_numpy_interface_and_row_sparse_arrays_are_checked():
+    dense = mx.nd.array([[1.0, 2.0], [INF, 0.0]])
+    sparse = dense.tostype("row_sparse")
+    report = overflow.check_finite([mx.nd.ones((2,)).as_np_ndarray(), sparse,
+                                    mx.nd.array([NAN]).as_np_ndarray()])
+    assert report.bad_indices == [1, 2], "np ndarrays and row_sparse values must be checked"
+
+
+def test_empty_list():
+    assert overflow.check_finite([]) == overflow.FiniteReport(False, [], [])
+    assert overflow.global_norm([]) == (0.0, False)
+
+
+def test_check_uses_one_host_synchronisation(monkeypatch):
+    calls = []
+    real = mx.nd.NDArray.asnumpy
+
+    def counting_asnumpy(self):
+        calls.append(self.shape)
+        return real(self)
+
+    monkeypatch.setattr(mx.nd.NDArray, "asnumpy", counting_asnumpy)
+    arrays = random_arrays(40) + random_arrays(5, "float16") + [bf16([1.0, 2.0])]
+    mx.nd.waitall()
+    overflow.check_finite(arrays)
+    assert calls == [(46,)], "expected one copy of a 46-value vector, got %s" % calls
+
+
+def test_global_norm_matches_numpy_across_dtypes():
+    arrays = random_arrays(20) + random_arrays(4, "float16") + [bf16([0.5, -1.5, 3.0])]
+    expected = math.sqrt(sum(float(np.sum(np.square(
+        mx.nd.amp_cast(a, dtype="float32").asnumpy().astype(np.float64)))) for a in arrays))
+    norm, bad = overflow.global_norm(arrays)
+    assert not bad and norm == pytest.approx(expected, rel=1e-5), (norm, expected)
+
+
+def test_global_norm_of_non_finite_gradients_is_flagged():
+    norm, bad = overflow.global_norm([mx.nd.ones((2,)), mx.nd.array([INF], dtype="float16")])
+    assert bad and math.isnan(norm), "a non-finite gradient must give (nan, True)"
+
+
+def test_finite_checker_reuses_its_plan_only_for_the_same_arrays():
+    checker = overflow.FiniteChecker()
+    grads = [mx.nd.ones((3,)), mx.nd.ones((2,), dtype="float16")]
+    assert not checker.check(grads).has_nonfinite
+    grads[1][0] = INF                       # same objects, new data: the plan still applies
+    assert checker.check(grads).bad_indices == [1], "new data in the same arrays"
+    others = [mx.nd.array([NAN, 1.0, 2.0], dtype="float16"), mx.nd.ones((2,))]
+    assert checker.check(others).bad_indices == [0], "another list must get its own plan"
+    norm, _ = overflow.global_norm([mx.nd.array([3.0]), mx.nd.array([4.0])])
+    report = checker.check([mx.nd.array([3.0]), mx.nd.array([4.0])], squares_for_all=True)
+    assert report.sum_squares == [9.0, 16.0] and norm == 5.0
