@@ -150,9 +150,21 @@ def init(target_dtype="float16", target_precision_ops=None, conditional_fp32_ops
         REGISTRY.arguments = arguments
         _set_reference_flag(True)
         rebuilt = _drop_cached_graphs()
+    if target == "bfloat16":
+        _warn_if_bf16_is_emulated()
     LOG.info("mxamp: AMP on, target %s; %d operator functions wrapped in %.0f ms%s", target,
              len(REGISTRY.replaced), REGISTRY.init_seconds * 1e3,
              "; %d hybridized blocks will rebuild their graph" % rebuilt if rebuilt else "")
+
+
+def _warn_if_bf16_is_emulated():
+    """bfloat16 is only fast where the CPU computes it (AVX512-BF16 or AMX)."""
+    from .cpu import cpu_features  # pylint: disable=import-outside-toplevel
+    features = cpu_features()
+    if not (features.avx512_bf16 or features.amx_bf16):
+        LOG.warning("mxamp: this CPU has neither AVX512-BF16 nor AMX; oneDNN emulates bfloat16 "
+                    "with float32 instructions, so bfloat16 runs correctly but SLOWER than "
+                    "float32 here. Use float32 (or a GPU with float16) for speed on this machine.")
 
 
 def _frozen(value):
