@@ -23,6 +23,11 @@ _MISSING_MXNET = (
     "or pip install 'mxamp[cu112]' (CUDA 11.2 GPUs, float16)."
 )
 
+# Before MXNet's first oneDNN primitive: lets oneDNN use AMX where the CPU and kernel allow it
+# (MXAMP_DISABLE_AMX=1 opts out); see mxamp/cpu.py for the import-order rules.
+from . import cpu as _cpu  # noqa: E402
+_cpu.enable_amx_if_possible()
+
 try:
     import mxnet as _mxnet  # noqa: F401
 except ImportError as _err:  # pragma: no cover - exercised in a subprocess test

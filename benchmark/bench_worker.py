@@ -1,0 +1,196 @@
+"""Times ONE (workload, mode) pair in this process and prints one ``RESULT {json}`` line.
+
+``run_all.py`` starts one fresh process per measurement, because AMP patching and oneDNN's ISA
+choice are process-wide and cannot be undone. Modes:
+
+- ``fp32``: the unchanged model.
+- ``reference``: ``mxnet.contrib.amp`` (bf16); mxamp is never imported, so no AMX.
+- ``reference_amx``: the same, after granting AMX by hand (arch_prctl + DNNL_MAX_CPU_ISA): what
+  the reference could reach on this CPU. Skipped where the CPU/kernel has no AMX.
+- ``mxamp``: the drop-in path, ``from mxamp import amp``; ``amp.init(target_dtype='bfloat16')``,
+  ``amp.init_trainer``, ``amp.scale_loss``; nothing else.
+- ``mxamp_o2``: mxamp's O2 mode (bf16 model + fp32 master weights), when ``mxamp.o2`` exists.
+
+Training modes time forward+backward+``trainer.step`` with a full sync per step; inference
+modes time the forward of the ``convert_hybrid_block`` result (fp32: the hybridized model).
+
+    python benchmark/bench_worker.py mlp_train mxamp --steps 10 --warmup 3
+"""
+import argparse
+import ctypes
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(1, os.path.dirname(HERE))  # the repo root, for `import mxamp`
+
+from workloads import WORKLOADS, build_model, make_batch, make_loss  # noqa: E402
+
+MODES = ("fp32", "reference", "reference_amx", "mxamp", "mxamp_o2")
+TARGET = "bfloat16"
+
+
+class Skip(Exception):
+    """The mode does not apply on this machine/build (reported as n/a, not as an error)."""
+
+
+def grant_amx_by_hand():
+    """The 'reference + AMX' prelude: must run before MXNet's first oneDNN primitive."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open("/proc/cpuinfo") as f:
+        if "amx_bf16" not in f.read():
+            raise Skip("CPU has no amx_bf16")
+    if libc.syscall(158, 0x1023, 18) != 0:
+        raise Skip("Linux refused the AMX tile state (errno %d)" % ctypes.get_errno())
+    os.environ["DNNL_MAX_CPU_ISA"] = "AVX512_CORE_AMX"
+
+
+def amp_module(mode):
+    """The AMP module a user of ``mode`` imports (None for fp32)."""
+    if mode in ("reference", "reference_amx"):
+        from mxnet.contrib import amp
+        return amp
+    if mode in ("mxamp", "mxamp_o2"):
+        from mxamp import amp
+        return amp
+    return None
+
+
+def o2_cast(net, data):
+    """mxamp's O2 cast of the whole model (bf16 parameters, fp32 master weights in the trainer)."""
+    try:
+        from mxamp.o2 import cast_model
+    except ImportError as err:
+        raise Skip("mxamp.o2 not available: %s" % err)
+    return cast_model(net, TARGET, example_inputs=data)
+
+
+def build_train_step(workload, mode, quick):
+    """Builds model, trainer and AMP for ``mode``; returns a function running one synced step."""
+    import mxnet as mx
+    from mxnet import autograd, gluon
+    amp = amp_module(mode)
+    if amp is not None and mode != "mxamp_o2":
+        amp.init(target_dtype=TARGET)          # before the model is built, as users do
+    net = build_model(workload)
+    net.initialize(mx.init.Xavier(magnitude=2.0), ctx=mx.cpu())
+    data, label = make_batch(workload, quick)
+    loss_fn = make_loss(workload)
+    optimizer_args = {"learning_rate": 0.01, "momentum": 0.9}
+    if mode == "mxamp_o2":
+        net = o2_cast(net, data)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", optimizer_args, update_on_kvstore=False)
+    net.hybridize()
+    if amp is not None:
+        amp.init_trainer(trainer)
+    batch_size = data.shape[0]
+
+    def step():
+        with autograd.record():
+            loss = loss_fn(net(data), label)
+            if amp is not None:
+                with amp.scale_loss(loss, trainer) as scaled:
+                    autograd.backward(scaled)
+            else:
+                loss.backward()
+        trainer.step(batch_size)
+        mx.nd.waitall()
+        return float(loss.mean().astype("float32").asscalar())
+    return step
+
+
+def build_infer_step(workload, mode, quick):
+    """fp32: the hybridized model; AMP modes: ``amp.convert_hybrid_block`` of it."""
+    import mxnet as mx
+    net = build_model(workload)
+    net.initialize(mx.init.Xavier(magnitude=2.0), ctx=mx.cpu())
+    net.hybridize()
+    data, _ = make_batch(workload, quick)
+    net(data).wait_to_read()                   # conversion needs a graph that already ran
+    amp = amp_module(mode)
+    if mode == "mxamp_o2":
+        raise Skip("O2 is a training mode")
+    if amp is not None:
+        net = amp.convert_hybrid_block(net, target_dtype=TARGET, ctx=mx.cpu())
+
+    def step():
+        out = net(data)
+        out.wait_to_read()
+        return float(out.astype("float32").mean().asscalar())
+    return step
+
+
+def time_amp_init(mode):
+    """Seconds of the first ``amp.init(target_dtype='bfloat16')`` in this process."""
+    amp = amp_module(mode)
+    if amp is None:
+        raise Skip("fp32 has no amp.init")
+    start = time.perf_counter()
+    amp.init(target_dtype=TARGET)
+    return time.perf_counter() - start
+
+
+def measure(workload_name, mode, quick, steps, warmup):
+    """Runs the measurement; returns the RESULT dict (times in milliseconds)."""
+    result = {"workload": workload_name, "mode": mode, "quick": quick}
+    if mode == "reference_amx":
+        grant_amx_by_hand()
+    if mode == "mxamp":
+        import mxamp.cpu
+        result["cpu_features"] = mxamp.cpu.cpu_features().as_dict()
+    if workload_name == "amp_init":
+        times = [time_amp_init(mode) * 1e3]
+        last = None
+    else:
+        workload = WORKLOADS[workload_name]
+        build = build_train_step if workload.kind == "train" else build_infer_step
+        step = build(workload, mode, quick)
+        for _ in range(warmup):
+            step()
+        times, cpu_times = [], []
+        for _ in range(steps):
+            start, cpu_start = time.perf_counter(), time.process_time()
+            last = step()
+            times.append((time.perf_counter() - start) * 1e3)
+            cpu_times.append((time.process_time() - cpu_start) * 1e3)
+        # CPU time of all the process's threads: less sensitive to a shared machine's load
+        # than wall time (with OMP_NUM_THREADS=1; OpenMP threads spin while they wait).
+        result["median_cpu_ms"] = statistics.median(cpu_times)
+    result.update(status="ok", median_ms=statistics.median(times), min_ms=min(times),
+                  times_ms=[round(t, 3) for t in times], last_value=last)
+    return result
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("workload", choices=sorted(WORKLOADS) + ["amp_init"])
+    parser.add_argument("mode", choices=MODES)
+    parser.add_argument("--quick", action="store_true", help="tiny batches (smoke test)")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    args = parser.parse_args(argv)
+    try:
+        result = measure(args.workload, args.mode, args.quick, args.steps, args.warmup)
+        code = 0
+    except Skip as why:
+        result, code = {"status": "n/a", "error": str(why)}, 0
+    except Exception as err:  # noqa: BLE001 - reported as an error cell by run_all
+        traceback.print_exc()
+        # MXNet puts the failed check on the last line of its (long) message.
+        lines = [l.strip() for l in str(err).splitlines() if l.strip()] or [""]
+        result, code = {"status": "error", "error": "%s: %s" % (type(err).__name__, lines[-1])}, 1
+    result.update(workload=args.workload, mode=args.mode,
+                  maxrss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+                  loadavg=os.getloadavg()[0])
+    print("RESULT " + json.dumps(result), flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Turns the suite's summarized cells into the Markdown report and the PNG bar chart."""
+from workloads import WORKLOADS
+
+COLUMNS = (("fp32", "fp32"), ("reference", "reference bf16"),
+           ("reference_amx", "reference bf16 + AMX by hand"), ("mxamp", "mxamp bf16"),
+           ("mxamp_o2", "mxamp O2"))
+# (name, workload, numerator mode, denominator mode, minimum ratio)
+TARGETS = (("MLP training, fp32 / mxamp", "mlp_train", "fp32", "mxamp", 2.0),
+           ("ResNet-18 training, fp32 / mxamp", "resnet18_train", "fp32", "mxamp", 1.3),
+           ("ResNet-18 converted inference, fp32 / mxamp", "resnet18_infer", "fp32", "mxamp", 4.0),
+           ("ResNet-50 overflow check, reference / mxamp", "overflow", "reference", "mxamp", 10.0))
+
+
+def ratio(cells, workload, numerator, denominator):
+    """``numerator time / denominator time`` (a speedup of the denominator), or None."""
+    top, bottom = cells.get((workload, numerator), {}), cells.get((workload, denominator), {})
+    if top.get("median_ms") and bottom.get("median_ms"):
+        return top["median_ms"] / bottom["median_ms"]
+    return None
+
+
+def _cell(cell, key="median_ms", fmt="%.1f"):
+    if not cell:
+        return ""
+    if key not in cell:
+        text = " ".join(cell.get("error", cell.get("status", "?")).split()).replace("|", "/")
+        return "%s: %s" % (cell.get("status", "error"), text[:80])
+    text = fmt % cell[key]
+    if cell.get("status") == "partial":
+        text += " (%d of %d runs failed)" % (cell["runs"] - cell["ok"], cell["runs"])
+    return text
+
+
+def _ratio_text(value):
+    return "" if value is None else "%.2fx" % value
+
+
+def _workload_rows(cells, quick=False):
+    titles = {name: w.title + (" [--quick: %s]" % "x".join(map(str, w.quick_shape)) if quick else "")
+              for name, w in WORKLOADS.items()}
+    titles["amp_init"] = "`amp.init(target_dtype='bfloat16')`, first call"
+    return [(name, titles[name]) for name in list(WORKLOADS) + ["amp_init"]
+            if any(key[0] == name for key in cells)]
+
+
+def _amx_text(features):
+    if not features:
+        return "mxamp's CPU features: not reported (no mxamp run succeeded)."
+    if features.get("amx_enabled"):
+        return "mxamp enabled AMX for oneDNN (DNNL_MAX_CPU_ISA=%s)." % features["onednn_max_isa"]
+    return "mxamp did not enable AMX: %s.%s" % (features.get("reason"), "" if features.get(
+        "native_bf16") else " **This CPU has no native bf16: oneDNN emulates it, bf16 is "
+        "expected to be slower than fp32 here.**")
+
+
+def markdown(info, cells):
+    """The report: machine, times with ratios, peak memory, overflow check, targets."""
+    lines = ["# mxamp benchmark", "",
+             "Machine: %s, %s cores (bf16 CPU flags: %s), kernel %s; Python %s, MXNet %s, "
+             "OMP_NUM_THREADS=%s. Run %s%s, %s repeat(s) per cell, %s min; load average %.1f "
+             "at the start, %.1f at the end." % (
+                 info.get("cpu"), info.get("cores"), ", ".join(info.get("bf16_flags", []))
+                 or "none", info.get("kernel"), info.get("python"), info.get("mxnet"),
+                 info.get("omp_num_threads"), info.get("date_utc"),
+                 " (--quick: tiny batches and 1 step, NOT representative)" if info.get("quick") else "",
+                 info.get("repeats"), info.get("suite_minutes"), info.get("loadavg_start", 0),
+                 info.get("loadavg_end", 0)),
+             "", _amx_text(info.get("mxamp_cpu_features")), "",
+             "Command: `%s`" % info.get("command", "python benchmark/run_all.py"), "",
+             "Each cell: median over fresh processes of each process's median step time (ms). "
+             "Ratios > 1 mean mxamp is faster.", ""]
+    header = ["workload"] + [title for _, title in COLUMNS] + \
+        ["fp32 / mxamp", "reference / mxamp", "fp32 / mxamp O2"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, title in _workload_rows(cells, info.get("quick")):
+        row = [title] + [_cell(cells.get((name, mode))) for mode, _ in COLUMNS]
+        row += [_ratio_text(ratio(cells, name, "fp32", "mxamp")),
+                _ratio_text(ratio(cells, name, "reference", "mxamp")),
+                _ratio_text(ratio(cells, name, "fp32", "mxamp_o2"))]
+        lines.append("| " + " | ".join(row) + " |")
+
+    lines += ["", "CPU time per step (ms, all threads of the process; steadier than wall time on a "
+              "loaded machine when OMP_NUM_THREADS=1):", "",
+              "| workload | " + " | ".join(t for _, t in COLUMNS) + " | fp32 / mxamp |",
+              "|" + "---|" * (len(COLUMNS) + 2)]
+    for name, title in _workload_rows(cells, info.get("quick")):
+        if name == "amp_init":
+            continue
+        row = [title] + [_cell(cells.get((name, mode)), "median_cpu_ms") for mode, _ in COLUMNS]
+        top, bottom = (cells.get((name, m), {}).get("median_cpu_ms") for m in ("fp32", "mxamp"))
+        row.append(_ratio_text(top / bottom if top and bottom else None))
+        lines.append("| " + " | ".join(row) + " |")
+
+    lines += ["", "Peak resident memory of the process (maxrss, MB):", "",
+              "| workload | " + " | ".join(t for _, t in COLUMNS) + " |",
+              "|" + "---|" * (len(COLUMNS) + 1)]
+    for name, title in _workload_rows(cells, info.get("quick")):
+        row = [title] + [_cell(cells.get((name, mode)), "maxrss_mb", "%.0f") for mode, _ in COLUMNS]
+        lines.append("| " + " | ".join(row) + " |")
+
+    overflow = sorted((mode, cell) for (name, mode), cell in cells.items() if name == "overflow")
+    if overflow:
+        lines += ["", "AMP bookkeeping on ResNet-50's gradients (overflow check + unscale, "
+                  "`benchmark/bench_overflow.py`):", "", "| implementation | median ms |", "|---|---|"]
+        lines += ["| %s | %s |" % (mode, _cell(cell)) for mode, cell in overflow]
+
+    lines += ["", "Targets (issue #5):", "", "| target | measured | required | met |", "|---|---|---|---|"]
+    for text, name, top, bottom, minimum in TARGETS:
+        value = ratio(cells, name, top, bottom)
+        met = "n/a" if value is None else ("yes" if value >= minimum else "**no**")
+        lines.append("| %s | %s | >= %.1fx | %s |" % (text, _ratio_text(value) or "missing",
+                                                     minimum, met))
+    return "\n".join(lines) + "\n"
+
+
+def bar_chart(cells, path):
+    """Speedup over fp32 per workload and mode; returns False when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    names = [name for name in WORKLOADS if (name, "fp32") in cells]
+    modes = [(mode, title) for mode, title in COLUMNS if mode != "fp32"]
+    width = 0.8 / len(modes)
+    fig, ax = plt.subplots(figsize=(max(8, 1.8 * len(names)), 4.5))
+    for i, (mode, title) in enumerate(modes):
+        values = [ratio(cells, name, "fp32", mode) or 0.0 for name in names]
+        ax.bar([x + (i - (len(modes) - 1) / 2) * width for x in range(len(names))], values,
+               width, label=title)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels([n.replace("_", "\n") for n in names])
+    ax.set_ylabel("speedup over fp32 (higher is better)")
+    ax.set_title("bf16 mixed precision vs fp32 (0 = not run / failed)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

@@ -1,0 +1,242 @@
+"""Runs the whole benchmark suite and writes ``benchmark/results/latest.{md,json,png}``.
+
+Every measurement is a fresh process (``bench_worker.py``); the modes of one workload take turns
+(the order rotates every repeat) so that a slow spell of a shared machine hits all of them.
+A failing or hanging measurement becomes an error cell; the suite goes on.
+
+    python benchmark/run_all.py            # full suite, 3 repeats (~30-60 min on 2 cores)
+    python benchmark/run_all.py --quick    # tiny batches, 1 repeat: a smoke test of everything
+    python benchmark/run_all.py --only mlp_train,resnet18_infer --modes fp32,mxamp --repeats 5
+"""
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import report  # noqa: E402
+from workloads import WORKLOADS  # noqa: E402
+
+TRAIN_MODES = ("fp32", "reference", "reference_amx", "mxamp", "mxamp_o2")
+INFER_MODES = ("fp32", "reference", "reference_amx", "mxamp")
+INIT_MODES = ("reference", "mxamp")
+# (timed steps, warmup steps) per workload at full size; --quick uses (2, 1).
+STEPS = {"mlp_train": (10, 3), "resnet18_train": (10, 3), "resnet50_train": (3, 1),
+         "transformer_train": (5, 2), "resnet18_infer": (10, 3), "resnet50_infer": (6, 2)}
+OVERFLOW_SCRIPT = os.path.join(HERE, "bench_overflow.py")
+
+
+def plan(only, modes):
+    """``[(workload, modes)]`` in suite order, filtered by --only / --modes."""
+    rows = [(name, TRAIN_MODES if w.kind == "train" else INFER_MODES)
+            for name, w in WORKLOADS.items()]
+    rows.append(("amp_init", INIT_MODES))
+    if only:
+        unknown = set(only) - {name for name, _ in rows} - {"overflow"}
+        if unknown:
+            raise SystemExit("unknown workload(s) %s; known: %s, overflow" % (
+                sorted(unknown), ", ".join(name for name, _ in rows)))
+        rows = [row for row in rows if row[0] in only]
+    if modes:
+        rows = [(name, tuple(m for m in ms if m in modes)) for name, ms in rows]
+    return [row for row in rows if row[1]]
+
+
+def _child_env():
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    env["PYTHONPATH"] = os.path.dirname(HERE) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def parse_result(stdout):
+    """The dict after the last ``RESULT `` line of a child's output, or None."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("RESULT "):
+            try:
+                return json.loads(line[len("RESULT "):])
+            except ValueError:
+                return None
+    return None
+
+
+def run_child(cmd, timeout):
+    """Runs one measurement process; always returns a RESULT-like dict."""
+    start = time.time()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env=_child_env(), cwd=os.path.dirname(HERE))
+    except subprocess.TimeoutExpired:
+        return {"status": "error", "error": "timeout after %ds" % timeout}
+    result = parse_result(proc.stdout)
+    if result is None:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        result = {"status": "error",
+                  "error": "exit code %d: %s" % (proc.returncode, tail[:200])}
+    elif result.get("status") == "error" and proc.stderr:
+        result["stderr_tail"] = proc.stderr.strip().splitlines()[-1][:200]
+    result["wall_s"] = round(time.time() - start, 1)
+    return result
+
+
+def run_suite(args):
+    rows = plan(args.only, args.modes)
+    runs = []  # every child's RESULT dict
+    for name, modes in rows:
+        steps, warmup = (1, 1) if args.quick else STEPS.get(name, (1, 0))
+        for repeat in range(args.repeats):
+            shift = repeat % len(modes)
+            for mode in modes[shift:] + modes[:shift]:
+                cmd = [sys.executable, os.path.join(HERE, "bench_worker.py"), name, mode,
+                       "--steps", str(steps), "--warmup", str(warmup)]
+                if args.quick:
+                    cmd.append("--quick")
+                result = run_child(cmd, args.timeout)
+                result.update(workload=name, mode=mode, repeat=repeat)
+                runs.append(result)
+                print("%-18s %-14s #%d %-6s %s" % (name, mode, repeat, result["status"],
+                      "%.1f ms" % result["median_ms"] if result["status"] == "ok"
+                      else result.get("error", "")), flush=True)
+    if not args.only or "overflow" in args.only:
+        runs.extend(run_overflow(args))
+    return runs
+
+
+# bench_overflow.py's row names -> the report's modes (other rows keep their own names).
+OVERFLOW_MODES = {"reference multi_all_finite (has_overflow)": "reference",
+                  "mxamp TrainerScaler.has_overflow": "mxamp"}
+_TIMING_LINE = re.compile(r"^(\S.*?)\s+([0-9.]+) ms$")
+
+
+def parse_overflow(stdout):
+    """Rows of bench_overflow.py (``<name>  <x> ms`` lines) as RESULT-like dicts."""
+    found = []
+    for line in stdout.splitlines():
+        match = _TIMING_LINE.match(line.strip())
+        if match:
+            name = match.group(1).strip()
+            found.append({"mode": OVERFLOW_MODES.get(name, name), "status": "ok",
+                          "median_ms": float(match.group(2))})
+    return found
+
+
+def run_overflow(args):
+    """ResNet-50 overflow check + unscale: bench_overflow.py (helper H2's script), one process
+    per repeat; it times the reference and mxamp side by side itself."""
+    if not os.path.exists(OVERFLOW_SCRIPT):
+        return [{"workload": "overflow", "mode": "mxamp", "status": "error",
+                 "error": "benchmark/bench_overflow.py is missing"}]
+    runs = []
+    for repeat in range(args.repeats):
+        cmd = [sys.executable, OVERFLOW_SCRIPT, "--repeat", "3" if args.quick else "15"]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                                  env=_child_env(), cwd=os.path.dirname(HERE))
+            found = parse_overflow(proc.stdout)
+            if not found or proc.returncode != 0:
+                tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+                found = [{"mode": "mxamp", "status": "error",
+                          "error": "exit %d: %s" % (proc.returncode, tail[:200])}]
+        except subprocess.TimeoutExpired:
+            found = [{"mode": "mxamp", "status": "error", "error": "timeout"}]
+        for result in found:
+            result.update(workload="overflow", repeat=repeat)
+            print("%-18s %-14s #%d %-6s %s" % ("overflow", result["mode"][:14], repeat,
+                  result["status"], result.get("median_ms", result.get("error", ""))), flush=True)
+        runs.extend(found)
+    return runs
+
+
+def summarize(runs):
+    """``{(workload, mode): cell}``: median over the repeats' medians, max peak RSS, errors."""
+    cells = {}
+    for key in sorted({(r["workload"], r["mode"]) for r in runs}):
+        mine = [r for r in runs if (r["workload"], r["mode"]) == key]
+        ok = [r for r in mine if r.get("status") == "ok"]
+        cell = {"runs": len(mine), "ok": len(ok)}
+        if ok:
+            cell.update(median_ms=statistics.median(r["median_ms"] for r in ok),
+                        spread_ms=[min(r["median_ms"] for r in ok),
+                                   max(r["median_ms"] for r in ok)],
+                        maxrss_mb=max(r.get("maxrss_mb", 0) for r in ok),
+                        median_cpu_ms=statistics.median(r.get("median_cpu_ms", 0) for r in ok),
+                        loadavg=statistics.median(r.get("loadavg", 0) for r in ok))
+        bad = [r for r in mine if r.get("status") != "ok"]
+        if bad:
+            cell["status"] = bad[0]["status"] if not ok else "partial"
+            cell["error"] = bad[0].get("error", "")
+        else:
+            cell["status"] = "ok"
+        cells[key] = cell
+    return cells
+
+
+def machine_info():
+    """CPU model, cores, bf16/AMX flags, library versions, date: the report's header."""
+    import mxnet
+    info = {"date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "cpu": "unknown", "cores": os.cpu_count(), "python": platform.python_version(),
+            "mxnet": mxnet.__version__, "omp_num_threads": _child_env()["OMP_NUM_THREADS"],
+            "kernel": platform.release()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+        info["cpu"] = next(l.split(":", 1)[1].strip() for l in text.splitlines()
+                           if l.startswith("model name"))
+        flags = next(l.split(":", 1)[1].split() for l in text.splitlines()
+                     if l.startswith("flags"))
+        info["bf16_flags"] = [f for f in ("avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
+    except (OSError, StopIteration):
+        pass
+    info["loadavg_start"] = os.getloadavg()[0]
+    return info
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny batches, 1 repeat")
+    parser.add_argument("--repeats", type=int, default=None, help="processes per cell (3)")
+    parser.add_argument("--only", type=lambda s: s.split(","), default=None,
+                        help="comma-separated workloads (%s, amp_init, overflow)"
+                        % ", ".join(WORKLOADS))
+    parser.add_argument("--modes", type=lambda s: s.split(","), default=None,
+                        help="comma-separated modes (%s)" % ", ".join(TRAIN_MODES))
+    parser.add_argument("--timeout", type=int, default=None,
+                        help="seconds per process (default 900, --quick 240)")
+    parser.add_argument("--out", default=os.path.join(HERE, "results"),
+                        help="directory of latest.md/.json/.png")
+    args = parser.parse_args(argv)
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    args.timeout = args.timeout or (240 if args.quick else 900)
+
+    info = machine_info()
+    started = time.time()
+    runs = run_suite(args)
+    info.update(loadavg_end=os.getloadavg()[0], suite_minutes=round((time.time() - started) / 60, 1),
+                quick=args.quick, repeats=args.repeats,
+                command=" ".join(["python benchmark/run_all.py"] + (argv or sys.argv[1:])))
+    features = [r["cpu_features"] for r in runs if r.get("cpu_features")]
+    info["mxamp_cpu_features"] = features[0] if features else None
+    cells = summarize(runs)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "latest.json"), "w") as f:
+        json.dump({"machine": info, "runs": runs,
+                   "cells": {"%s/%s" % k: v for k, v in cells.items()}}, f, indent=1)
+    markdown = report.markdown(info, cells)
+    with open(os.path.join(args.out, "latest.md"), "w") as f:
+        f.write(markdown)
+    chart = report.bar_chart(cells, os.path.join(args.out, "latest.png"))
+    print(markdown)
+    print("wrote %s/latest.md, latest.json%s" % (args.out, ", latest.png" if chart else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

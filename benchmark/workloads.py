@@ -1,0 +1,115 @@
+"""The models and inputs of the benchmark suite, at full and at smoke-test ("quick") size.
+
+Each workload builds an fp32 Gluon model and a fixed, seeded batch. Precision is not decided
+here: the modes in :mod:`modes` (fp32, reference AMP, mxamp, ...) wrap these models.
+"""
+import math
+from dataclasses import dataclass
+from typing import Tuple
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One row of the benchmark: what to build and how big the batch is."""
+
+    name: str          # key used on the command line and in the results
+    title: str         # row label of the report
+    kind: str          # 'train' (fwd+bwd+optimizer step) or 'infer' (converted forward)
+    model: str         # 'mlp', 'resnet18_v1', 'resnet50_v1', 'transformer'
+    data_shape: Tuple[int, ...]
+    classes: int
+    quick_shape: Tuple[int, ...]  # the --quick batch: same model, tiny batch
+
+
+WORKLOADS = {w.name: w for w in [
+    Workload("mlp_train", "MLP 6xDense(2048)+Dense(10) train, batch 512x1024", "train", "mlp",
+             (512, 1024), 10, (32, 1024)),
+    Workload("resnet18_train", "ResNet-18 train, batch 32x3x64x64", "train", "resnet18_v1",
+             (32, 3, 64, 64), 10, (4, 3, 32, 32)),
+    Workload("resnet50_train", "ResNet-50 train, batch 16x3x224x224", "train", "resnet50_v1",
+             (16, 3, 224, 224), 1000, (2, 3, 64, 64)),
+    Workload("transformer_train", "Transformer encoder block train, batch 32x128x512", "train",
+             "transformer", (32, 128, 512), 0, (2, 32, 512)),
+    Workload("resnet18_infer", "ResNet-18 converted inference, batch 8x3x224x224", "infer",
+             "resnet18_v1", (8, 3, 224, 224), 1000, (1, 3, 64, 64)),
+    Workload("resnet50_infer", "ResNet-50 converted inference, batch 8x3x224x224", "infer",
+             "resnet50_v1", (8, 3, 224, 224), 1000, (1, 3, 64, 64)),
+]}
+
+
+def _mlp(classes):
+    from mxnet.gluon import nn
+    net = nn.HybridSequential()
+    for _ in range(6):
+        net.add(nn.Dense(2048, activation="relu"))
+    net.add(nn.Dense(classes))
+    return net
+
+
+def _transformer_block():
+    from mxnet.gluon import nn
+
+    class EncoderBlock(nn.HybridBlock):
+        """Post-norm encoder layer: 8-head self-attention (batch_dot) + FFN 2048, LayerNorms."""
+
+        def __init__(self, units=512, heads=8, hidden=2048, **kwargs):
+            super().__init__(**kwargs)
+            self._units, self._heads = units, heads
+            with self.name_scope():
+                self.qkv = nn.Dense(3 * units, flatten=False)
+                self.proj = nn.Dense(units, flatten=False)
+                self.norm1 = nn.LayerNorm()
+                self.ffn1 = nn.Dense(hidden, activation="relu", flatten=False)
+                self.ffn2 = nn.Dense(units, flatten=False)
+                self.norm2 = nn.LayerNorm()
+
+        def _split_heads(self, F, x):
+            # (B, T, C) -> (B * H, T, C / H)
+            x = F.reshape(x, shape=(0, 0, self._heads, -1))
+            return F.reshape(F.transpose(x, axes=(0, 2, 1, 3)), shape=(-3, 0, 0))
+
+        def hybrid_forward(self, F, x):
+            q, k, v = F.split(self.qkv(x), num_outputs=3, axis=-1)
+            q, k, v = (self._split_heads(F, t) for t in (q, k, v))
+            scores = F.batch_dot(q, k, transpose_b=True) / math.sqrt(self._units // self._heads)
+            context = F.batch_dot(F.softmax(scores, axis=-1), v)            # (B*H, T, D)
+            context = F.reshape(context, shape=(-4, -1, self._heads, 0, 0))  # (B, H, T, D)
+            context = F.reshape(F.transpose(context, axes=(0, 2, 1, 3)), shape=(0, 0, -3))
+            x = self.norm1(x + self.proj(context))
+            return self.norm2(x + self.ffn2(self.ffn1(x)))
+
+    return EncoderBlock()
+
+
+def build_model(workload):
+    """The fp32 model of ``workload`` (not initialised)."""
+    if workload.model == "mlp":
+        return _mlp(workload.classes)
+    if workload.model == "transformer":
+        return _transformer_block()
+    from mxnet.gluon.model_zoo import vision
+    return getattr(vision, workload.model)(classes=workload.classes)
+
+
+def make_batch(workload, quick=False, seed=0):
+    """Seeded ``(data, label)`` NDArrays on the CPU; label is a same-shape target for the
+    transformer (L2 loss) and class indices otherwise."""
+    import mxnet as mx
+    shape = workload.quick_shape if quick else workload.data_shape
+    rng = np.random.RandomState(seed)
+    data = mx.nd.array(rng.uniform(-1, 1, shape).astype(np.float32))
+    if workload.model == "transformer":
+        label = mx.nd.array(rng.uniform(-1, 1, shape).astype(np.float32))
+    else:
+        label = mx.nd.array(rng.randint(0, workload.classes, shape[0]).astype(np.float32))
+    return data, label
+
+
+def make_loss(workload):
+    """The loss block matching :func:`make_batch`'s label."""
+    from mxnet import gluon
+    if workload.model == "transformer":
+        return gluon.loss.L2Loss()
+    return gluon.loss.SoftmaxCrossEntropyLoss()

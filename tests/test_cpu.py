@@ -1,0 +1,186 @@
+"""AMX enablement (mxamp.cpu), each case in a fresh interpreter.
+
+oneDNN fixes its ISA at its first primitive, once per process, so every case that touches oneDNN
+runs in its own subprocess and reads oneDNN's own report (``DNNL_VERBOSE=1``). What "enabled"
+must mean depends on the machine: AMX where the CPU has ``amx_bf16`` and Linux grants the tile
+state, a clear reason everywhere else. Both sides are asserted; which one runs is printed.
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from mxamp import cpu
+
+pytestmark = pytest.mark.skipif(
+    "avx512bw" not in cpu.read_cpu_flags(), reason="oneDNN's bf16 kernels need AVX-512 (avx512bw)")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Prints the features and how close a bf16 FullyConnected comes to fp32 (fixed seed).
+BF16_FC_PROBE = """
+import json, os
+import numpy as np
+import mxnet as mx
+from mxamp import cpu, dtypes
+rng = np.random.RandomState(0)
+x = mx.nd.array(rng.uniform(-1, 1, (64, 256)))
+w = mx.nd.array(rng.uniform(-1, 1, (128, 256)))
+ref = mx.nd.FullyConnected(x, w, no_bias=True, num_hidden=128).asnumpy()
+low = mx.nd.FullyConnected(mx.nd.amp_cast(x, dtype=dtypes.BFLOAT16),
+                           mx.nd.amp_cast(w, dtype=dtypes.BFLOAT16), no_bias=True, num_hidden=128)
+out = mx.nd.amp_cast(low, dtype='float32').asnumpy()
+rel = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+print('RESULT ' + json.dumps(dict(features=cpu.cpu_features().as_dict(), rel_error=rel,
+                                  env_isa=os.environ.get('DNNL_MAX_CPU_ISA'))), flush=True)
+"""
+
+
+def _run(code, **env_changes):
+    """Runs ``code`` in a fresh interpreter with DNNL_VERBOSE=1.
+
+    Returns the dict the child printed after ``RESULT ``, oneDNN's verbose lines and stderr.
+    """
+    env = {k: v for k, v in os.environ.items()
+           if k not in (cpu.DISABLE_ENV,) + cpu.ISA_ENV_NAMES}
+    env.update(DNNL_VERBOSE="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""))
+    env.update(env_changes)
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, "child failed (rc %d):\n%s" % (proc.returncode, proc.stderr[-3000:])
+    lines = proc.stdout.splitlines() + proc.stderr.splitlines()
+    results = [json.loads(l[len("RESULT "):]) for l in lines if l.startswith("RESULT ")]
+    assert len(results) == 1, "child printed no RESULT line:\n%s" % proc.stdout[-3000:]
+    return results[0], [l for l in lines if l.startswith("dnnl_verbose")], proc.stderr
+
+
+def _isa_line(verbose):
+    lines = [l for l in verbose if l.startswith("dnnl_verbose,info,cpu,isa:")]
+    assert len(lines) == 1, "oneDNN printed %d ISA lines, expected one: %s" % (len(lines), lines)
+    return lines[0]
+
+
+def _bf16_inner_product_impls(verbose):
+    impls = {l.split(",")[4] for l in verbose
+             if l.startswith("dnnl_verbose,exec,cpu,inner_product") and "src_bf16" in l}
+    assert impls, "no bf16 inner_product ran: %s" % verbose[:5]
+    return impls
+
+
+def _machine_can_use_amx():
+    """Independent of mxamp's decision: the CPU flag and the kernel grant (harmless here)."""
+    return "amx_bf16" in cpu.read_cpu_flags() and cpu.request_amx_permission()[0]
+
+
+def _assert_bf16_close(result):
+    assert result["rel_error"] < 1e-2, (
+        "bf16 FullyConnected is %.4f away (relative L2) from fp32; bf16 rounding alone gives "
+        "~0.3%%" % result["rel_error"])
+
+
+@pytest.mark.parametrize("import_mxnet_first", [False, True], ids=["mxamp-first", "mxnet-first"])
+def test_default_import_enables_amx_where_the_machine_allows(import_mxnet_first):
+    prelude = "import mxnet as mx\n(mx.nd.ones((2, 2)) + 1).wait_to_read()\n" \
+        if import_mxnet_first else ""
+    result, verbose, _ = _run(prelude + "import mxamp\n" + BF16_FC_PROBE)
+    features, impls = result["features"], _bf16_inner_product_impls(verbose)
+    _assert_bf16_close(result)
+    assert result["env_isa"] is None, (
+        "DNNL_MAX_CPU_ISA=%s stayed in os.environ: child processes would inherit it without the "
+        "AMX grant and die of SIGILL" % result["env_isa"])
+    assert features["mxnet_imported_first"] == import_mxnet_first, features
+    assert features["native_bf16"] == bool({"avx512_bf16", "amx_bf16"} & cpu.read_cpu_flags()), \
+        "native_bf16 must follow the CPU flags: %s" % features
+    if _machine_can_use_amx():
+        print("machine has AMX: checking oneDNN uses it")
+        assert features["amx_enabled"] and features["amx_granted"], features
+        assert features["onednn_max_isa"] == cpu.AMX_ISA, features
+        assert "AMX" in _isa_line(verbose), _isa_line(verbose)
+        assert all("amx" in impl for impl in impls), "bf16 FC did not run on AMX: %s" % impls
+    else:
+        print("machine has no usable AMX (%s): checking nothing changed" % features["reason"])
+        assert not features["amx_enabled"], features
+        assert features["reason"], "no reason given for leaving AMX off: %s" % features
+        assert features["onednn_max_isa"] is None, features
+        assert "AMX" not in _isa_line(verbose), _isa_line(verbose)
+        assert not any("amx" in impl for impl in impls), impls
+
+
+def test_opt_out_variable_leaves_onednn_alone():
+    result, verbose, _ = _run("import mxamp\n" + BF16_FC_PROBE, MXAMP_DISABLE_AMX="1")
+    features = result["features"]
+    assert not features["amx_enabled"] and not features["amx_granted"], features
+    assert features["reason"] == "disabled by MXAMP_DISABLE_AMX=1", features
+    assert "AMX" not in _isa_line(verbose), _isa_line(verbose)
+    assert not any("amx" in impl for impl in _bf16_inner_product_impls(verbose))
+    _assert_bf16_close(result)
+
+
+def test_unknown_opt_out_word_counts_as_set_and_warns():
+    code = "import logging\nlogging.basicConfig(level=logging.WARNING)\nimport mxamp\n" \
+        + BF16_FC_PROBE
+    result, _, stderr = _run(code, MXAMP_DISABLE_AMX="maybe")
+    assert "MXAMP_DISABLE_AMX='maybe' is not one of" in stderr, stderr[-2000:]
+    assert not result["features"]["amx_enabled"], result["features"]
+    assert result["features"]["reason"] == "disabled by MXAMP_DISABLE_AMX=maybe", result
+
+
+def test_users_own_isa_cap_is_respected():
+    # AVX512_CORE: the lowest cap that still has oneDNN's bf16 kernels (emulated), below VNNI/AMX
+    result, verbose, _ = _run("import mxamp\n" + BF16_FC_PROBE, DNNL_MAX_CPU_ISA="AVX512_CORE")
+    features = result["features"]
+    assert not features["amx_enabled"], features
+    assert features["onednn_max_isa"] == "AVX512_CORE", features
+    assert "DNNL_MAX_CPU_ISA=AVX512_CORE" in features["reason"], features
+    assert result["env_isa"] == "AVX512_CORE", "mxamp must not remove or change the user's variable"
+    assert _isa_line(verbose).endswith("AVX512BW, AVX512VL, and AVX512DQ extensions"), \
+        "oneDNN did not take the user's cap: " + _isa_line(verbose)
+    _assert_bf16_close(result)
+
+
+def test_latch_fixes_onednn_isa_and_clears_the_variable():
+    """The mechanism mxamp relies on, checked with an ISA every x86-64 CPU here has (AVX2):
+    after `import mxnet` and a non-oneDNN op, one probe primitive makes oneDNN keep the cap,
+    later primitives still use it although the variable is gone."""
+    code = """
+    import json, os
+    import mxnet as mx
+    (mx.nd.ones((2, 2)) * 3).wait_to_read()
+    from mxamp import cpu
+    cpu._latch_onednn_isa('AVX2')
+    conv = mx.nd.Convolution(mx.nd.ones((1, 16, 8, 8)), mx.nd.ones((16, 16, 3, 3)),
+                             kernel=(3, 3), num_filter=16, no_bias=True)
+    print('RESULT ' + json.dumps(dict(env_isa=os.environ.get('DNNL_MAX_CPU_ISA'),
+                                      conv_sum=float(conv.sum().asscalar()))), flush=True)
+    """
+    result, verbose, _ = _run(code, MXAMP_DISABLE_AMX="1")
+    assert result["env_isa"] is None, "the probe must take the variable out again: %s" % result
+    assert result["conv_sum"] == 16 * 16 * 9 * 36, "all-ones 3x3x16 conv over 6x6 outputs x 16 filters"
+    assert _isa_line(verbose).endswith("Intel AVX2"), _isa_line(verbose)
+    conv_impls = [l.split(",")[4] for l in verbose if l.startswith("dnnl_verbose,exec,cpu,conv")]
+    assert conv_impls and all("avx512" not in i for i in conv_impls), (
+        "the convolution ran after the variable was removed and must still be capped at AVX2: %s"
+        % conv_impls)
+
+
+def test_read_cpu_flags_parses_the_flags_line(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: X\nflags\t\t: fpu avx512f amx_bf16 amx_tile\n"
+                       "processor\t: 1\nflags\t\t: fpu\n")
+    assert cpu.read_cpu_flags(str(cpuinfo)) == {"fpu", "avx512f", "amx_bf16", "amx_tile"}, \
+        "only the first CPU's flags line counts"
+    assert cpu.read_cpu_flags(str(tmp_path / "missing")) == frozenset(), \
+        "an unreadable cpuinfo means no known flags, not an error"
+
+
+def test_permission_request_reports_a_reason_when_refused():
+    granted, detail = cpu.request_amx_permission()
+    if "amx_tile" in cpu.read_cpu_flags():
+        assert granted and detail == "granted", detail
+    else:
+        assert not granted, "Linux granted AMX tile state on a CPU without amx_tile"
+        assert "arch_prctl" in detail or "Linux x86_64" in detail, detail
