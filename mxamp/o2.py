@@ -29,12 +29,15 @@ parameters, dynamic loss scaling for float16) and ``amp.scale_loss``.
 <class 'numpy.float32'>
 """
 import functools
+import logging
 
 import mxnet as mx
 from mxnet.gluon import Block, HybridBlock, nn
 
-from . import dtypes
+from . import dtypes, patching
 from .convert import cast_array
+
+LOG = logging.getLogger(__name__)
 
 #: Layers whose parameters stay float32 and that take low-precision data as is.
 MIXED_INPUT_NORMS = (nn.BatchNorm, nn.BatchNormReLU)  # SyncBatchNorm subclasses BatchNorm
@@ -233,6 +236,11 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
     _model_boundary(block, target, output_dtype)
     block.apply(lambda b: b._clear_cached_op() if isinstance(b, HybridBlock) else None)
     block._mxamp_o2_target = target
+    if patching.target_dtype() != target:
+        LOG.warning("mxamp: cast_model(%s) without amp.init(target_dtype=%r): operators that "
+                    "hybrid_forward calls directly (F.batch_dot, F.transpose, F.LayerNorm, ...) "
+                    "now get %s inputs, and some have no %s kernel. Call amp.init(%r) as well "
+                    "to route them to float32.", target, target, target, target, target)
     return block
 
 

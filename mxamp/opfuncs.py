@@ -102,10 +102,13 @@ def op_function_name(func):
     >>> op_function_name(mx.nd.flatten)
     'Flatten'
     """
+    return _op_of(func, registered_ops().by_handle)
+
+
+def _op_of(func, by_handle):
     code = getattr(func, "__code__", None)
     if code is None:
         return None
-    by_handle = registered_ops().by_handle
     for const in code.co_consts:
         if type(const) is int and const in by_handle:  # pylint: disable=unidiomatic-typecheck
             return by_handle[const]
@@ -123,6 +126,7 @@ def find_op_functions():
     True
     """
     found = {}
+    by_handle = registered_ops().by_handle
     for mod_name, module in sorted(sys.modules.items()):
         if module is None or not mod_name.startswith(NAMESPACE_PREFIXES):
             continue
@@ -133,7 +137,7 @@ def find_op_functions():
             if key in found:
                 found[key][3].append((module, attr))
                 continue
-            op_name = op_function_name(value)
+            op_name = _op_of(value, by_handle)
             if op_name is None:
                 continue
             is_symbol = ".symbol" in mod_name or value.__module__.startswith(("symbol",

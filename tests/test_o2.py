@@ -330,3 +330,32 @@ def test_o2_step_with_non_finite_gradient_is_skipped():
         sgd_step(net, trainer, mx.nd.ones((1, 1)))
     after = float(net.weight.data().astype("float32").asscalar())
     assert abs(after - (0.5 - 40e-4)) < 2 ** -9, "clean steps after the skip must apply: %g" % after
+
+
+def test_o2_with_patching_routes_ops_without_bf16_kernels(amp_bf16):
+    """O2 + amp.init: F.batch_dot / F.LayerNorm inside hybrid_forward get float32 inputs."""
+    class Attention(mx.gluon.HybridBlock):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
+                self.proj = mx.gluon.nn.Dense(8, flatten=False)
+                self.gamma = self.params.get("gamma", shape=(8,), init="ones")
+                self.beta = self.params.get("beta", shape=(8,), init="zeros")
+
+        def hybrid_forward(self, F, x, gamma, beta):
+            q = self.proj(x)                                   # bf16 (O2 weights)
+            att = F.softmax(F.batch_dot(q, q, transpose_b=True))
+            return F.LayerNorm(F.batch_dot(att, q), gamma, beta)
+
+    mx.random.seed(3)
+    block = Attention()
+    block.initialize(mx.init.Xavier())
+    x = mx.nd.random.uniform(shape=(2, 5, 8))
+    want = block(x).asnumpy()
+    from mxamp import amp
+    amp.cast_model(block, "bfloat16", example_inputs=x)
+    block.hybridize()
+    got = block(x)
+    assert got.dtype == np.float32, "O2 returns float32 by default"
+    err = np.linalg.norm(got.asnumpy() - want) / np.linalg.norm(want)
+    assert err < 0.03, "O2 attention with batch_dot/LayerNorm must match fp32, rel err %g" % err
