@@ -33,7 +33,8 @@ setup(
         "cpu": ["mxnet==1.9.1"],
         "cu112": ["mxnet-cu112==1.9.1"],
         "gluoncv": GLUONCV_PINS,
-        "test": ["pytest>=7", "mlxtend==0.23.1", "tqdm", "matplotlib<3.8"],
+        # The tests also run the GluonCV example, so they pull the GluonCV pins.
+        "test": ["pytest>=7", "mlxtend==0.23.1", "tqdm"] + GLUONCV_PINS,
         "example": ["mlxtend==0.23.1", "tqdm", "matplotlib<3.8"],
     },
     entry_points={"console_scripts": ["mxamp-launch=mxamp.launch:main",

