@@ -322,9 +322,13 @@ def test_reset_restores_originals_and_reference_flag(amp_off):
 def test_patch_state_is_inspectable(amp_bf16):
     state = amp.patch_state()
     assert state["initialized"] and state["target_dtype"] == "bfloat16"
-    for module in ("mxnet.ndarray", "mxnet.symbol", "mxnet.ndarray.numpy._internal",
-                   "mxnet.symbol.contrib" if False else "mxnet.ndarray.op"):
-        assert module in state["modules"], "%s must be patched: %s" % (module, state["modules"])
+    for root in ("mxnet.ndarray", "mxnet.symbol"):
+        for sub in ("", ".op", "._internal", ".contrib", ".linalg", ".sparse", ".random",
+                    ".image", ".numpy._internal", ".numpy_extension._op"):
+            assert root + sub in state["modules"], \
+                "%s must be patched: %s" % (root + sub, state["modules"])
+    for module in ("mxnet.numpy", "mxnet.numpy_extension"):
+        assert module in state["modules"], "mx.np / mx.npx must be patched"
     assert state["categories"]["low_precision"] >= 4
 
 
@@ -395,3 +399,28 @@ def test_fp16_hybridized_widest_runs_on_cpu(amp_fp16, seed):
     v = x.asnumpy()
     expected = np.concatenate([v + v * v, np.maximum(v, 0) + v], axis=1)
     assert np.allclose(got, expected, atol=2e-3), "float16 widest ops on CPU must compute right"
+
+
+def test_fp16_families_on_symbol_numpy_and_gluon(amp_fp16, seed):
+    # numpy interface: fp16 arrays made by hand
+    h = mx.np.array(np.linspace(-1, 1, 8).reshape(2, 4), dtype="float16")
+    assert mx.npx.relu(h).dtype == F16, "npx.relu keeps fp16"
+    assert mx.np.exp(h).dtype == F32, "np.exp of fp16 runs in fp32"
+    assert (h + mx.np.ones((2, 4))).dtype == F32, "np add of fp16 and fp32 widens"
+    # symbols: an fp16 variable feeding an fp32 op gets exactly one cast
+    x = mx.sym.var("x", dtype="float16")
+    out = mx.sym.Group([mx.sym.softmax(x), mx.sym.log_softmax(x), mx.sym.relu(x)])
+    casts = _cast_nodes(out)
+    assert casts == [(casts[0][0], "float32")], "one shared fp32 cast of x, got %s" % casts
+    # hybridized Gluon on a CPU without a GPU: Dense stays fp32 and the output is right
+    net = gluon.nn.Dense(3, in_units=4)
+    net.initialize(mx.init.Xavier())
+    data = _nd((2, 4))
+    with amp.disabled():
+        want = net(data).asnumpy()
+    net.hybridize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got = net(data)
+    assert got.dtype == F32 and np.allclose(got.asnumpy(), want, atol=1e-6), \
+        "fp16 Dense on a CPU must run (in fp32) and give fp32 results"
