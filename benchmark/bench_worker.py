@@ -9,7 +9,9 @@ choice are process-wide and cannot be undone. Modes:
   the reference could reach on this CPU. Skipped where the CPU/kernel has no AMX.
 - ``mxamp``: the drop-in path, ``from mxamp import amp``; ``amp.init(target_dtype='bfloat16')``,
   ``amp.init_trainer``, ``amp.scale_loss``; nothing else.
-- ``mxamp_o2``: mxamp's O2 mode (bf16 model + fp32 master weights), when ``mxamp.o2`` exists.
+- ``mxamp_o2``: mxamp's O2 mode as documented: ``amp.init`` (routes ops that ``hybrid_forward``
+  calls directly, e.g. ``F.batch_dot``, to float32) + ``amp.cast_model`` (bf16 parameters, fp32
+  master weights in the trainer).
 
 Training modes time forward+backward+``trainer.step`` with a full sync per step; inference
 modes time the forward of the ``convert_hybrid_block`` result (fp32: the hybridized model).
@@ -76,7 +78,7 @@ def build_train_step(workload, mode, quick):
     import mxnet as mx
     from mxnet import autograd, gluon
     amp = amp_module(mode)
-    if amp is not None and mode != "mxamp_o2":
+    if amp is not None:
         amp.init(target_dtype=TARGET)          # before the model is built, as users do
     net = build_model(workload)
     net.initialize(mx.init.Xavier(magnitude=2.0), ctx=mx.cpu())
