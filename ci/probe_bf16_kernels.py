@@ -41,7 +41,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import mxnet as mx  # noqa: E402
-from mxnet.base import _LIB, c_str, check_call, py_str  # noqa: E402
+from mxamp.opfuncs import op_info  # noqa: E402
 from probe_recipes import GENERIC_SHAPES, RECIPES, SCALAR_KW  # noqa: E402  (lives beside us)
 
 BFLOAT16 = np.dtype([("bfloat16", np.uint16)])
@@ -53,17 +53,8 @@ RANDOM_OP = re.compile(r"random|sample|shuffle|dropout|bernoulli|choice|multinom
 
 
 def _op_info(name):
-    handle = ctypes.c_void_p()
-    check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(handle)))
-    real_name, desc, kv_name, ret = (ctypes.c_char_p() for _ in range(4))
-    num_args = ctypes.c_uint()
-    arg_names, arg_types, arg_descs = (ctypes.POINTER(ctypes.c_char_p)() for _ in range(3))
-    check_call(_LIB.MXSymbolGetAtomicSymbolInfo(
-        handle, ctypes.byref(real_name), ctypes.byref(desc), ctypes.byref(num_args),
-        ctypes.byref(arg_names), ctypes.byref(arg_types), ctypes.byref(arg_descs),
-        ctypes.byref(kv_name), ctypes.byref(ret)))
-    args = [(py_str(arg_names[i]), py_str(arg_types[i])) for i in range(num_args.value)]
-    return handle.value, py_str(real_name.value), args, py_str(kv_name.value or b"")
+    info = op_info(name)
+    return info.handle, info.canonical, list(info.arguments), info.key_var_num_args
 
 
 def is_backward(name):

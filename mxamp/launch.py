@@ -156,6 +156,7 @@ class LocalCluster:
         self._base_env = dict(os.environ if env is None else env)
         self._processes = []
         self._site_dir = None
+        self._interrupted = None     # set by the SIGINT/SIGTERM handler of run()
 
     def _env(self, role, port=None):
         env = dict(self._base_env)
@@ -198,6 +199,8 @@ class LocalCluster:
         running = list(self._processes)
         workers_done_at = None
         while running:
+            if self._interrupted:
+                raise KeyboardInterrupt(self._interrupted)
             for process in list(running):
                 code = process.popen.poll()
                 if code is None:
@@ -239,10 +242,14 @@ class LocalCluster:
 
         Ctrl-C (and SIGTERM sent to this process) stops the children too and returns 130.
         """
-        previous_sigterm = signal.getsignal(signal.SIGTERM)
+        # Ctrl-C and SIGTERM only set a flag that the wait loop checks: an exception raised
+        # asynchronously inside Popen.poll() can leave Popen's internal wait lock held, and the
+        # final wait() in stop() would then block forever.
         on_main_thread = threading.current_thread() is threading.main_thread()
+        previous = {}
         if on_main_thread:
-            signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                previous[signum] = signal.signal(signum, self._on_signal)
         try:
             try:
                 self.start()
@@ -255,17 +262,16 @@ class LocalCluster:
             return EXIT_INTERRUPTED
         finally:
             self.stop()
-            if on_main_thread:
-                signal.signal(signal.SIGTERM, previous_sigterm)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _on_signal(self, signum, frame):  # pylint: disable=unused-argument
+        self._interrupted = "signal %d" % signum
 
     def _note(self, message):
         with self._output_lock:
             self._output.write(("[launch] %s\n" % message).encode())
             self._output.flush()
-
-
-def _raise_keyboard_interrupt(signum, frame):
-    raise KeyboardInterrupt("signal %d" % signum)
 
 
 def _parse_args(argv):

@@ -17,7 +17,7 @@ import types
 from dataclasses import dataclass
 
 import mxnet as mx
-from mxnet.base import _LIB, NDArrayHandle, c_str, check_call, mx_uint, py_str
+from mxnet.base import _LIB, c_str, check_call, mx_uint, py_str
 
 #: Module name prefixes whose generated operator functions AMP wraps.
 NAMESPACE_PREFIXES = ("mxnet.ndarray", "mxnet.symbol", "mxnet.numpy", "mxnet.numpy_extension")
@@ -59,9 +59,8 @@ def registered_ops():
         names = [py_str(plist[i]) for i in range(size.value)]
         canonical, by_handle, aliases = {}, {}, {}
         for name in names:
-            handle = NDArrayHandle()
-            check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(handle)))
-            canon = by_handle.setdefault(handle.value, _real_name(handle))
+            info = op_info(name)
+            canon = by_handle.setdefault(info.handle, info.canonical)
             canonical[name] = canon
             aliases.setdefault(canon, set()).add(name)
         _REGISTERED = RegisteredOps(
@@ -70,20 +69,34 @@ def registered_ops():
     return _REGISTERED
 
 
-def _real_name(handle):
-    real_name = ctypes.c_char_p()
-    desc = ctypes.c_char_p()
+@dataclass(frozen=True)
+class OpInfo:
+    """What libmxnet says about one registered operator name."""
+
+    handle: int
+    canonical: str               # the op's real name (aliases share it)
+    arguments: tuple             # ((argument name, type description), ...)
+    key_var_num_args: str        # name of the parameter counting variadic inputs, or ''
+
+
+def op_info(name):
+    """Handle, canonical name and arguments of the operator registered as ``name``.
+
+    >>> op_info('flatten').canonical
+    'Flatten'
+    """
+    handle = ctypes.c_void_p()
+    check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(handle)))
+    real_name, desc, key_var_num_args, ret_type = (ctypes.c_char_p() for _ in range(4))
     num_args = mx_uint()
-    arg_names = ctypes.POINTER(ctypes.c_char_p)()
-    arg_types = ctypes.POINTER(ctypes.c_char_p)()
-    arg_descs = ctypes.POINTER(ctypes.c_char_p)()
-    key_var_num_args = ctypes.c_char_p()
-    ret_type = ctypes.c_char_p()
+    arg_names, arg_types, arg_descs = (ctypes.POINTER(ctypes.c_char_p)() for _ in range(3))
     check_call(_LIB.MXSymbolGetAtomicSymbolInfo(
         handle, ctypes.byref(real_name), ctypes.byref(desc), ctypes.byref(num_args),
         ctypes.byref(arg_names), ctypes.byref(arg_types), ctypes.byref(arg_descs),
         ctypes.byref(key_var_num_args), ctypes.byref(ret_type)))
-    return py_str(real_name.value)
+    arguments = tuple((py_str(arg_names[i]), py_str(arg_types[i])) for i in range(num_args.value))
+    return OpInfo(handle.value, py_str(real_name.value), arguments,
+                  py_str(key_var_num_args.value or b""))
 
 
 @dataclass(frozen=True)

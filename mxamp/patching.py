@@ -276,10 +276,12 @@ def patch_state():
 
 @contextlib.contextmanager
 def disabled():
-    """A region (of this thread) where no op runs in low precision: inputs go to float32.
+    """A region (of this thread) where AMP puts no op into low precision.
 
-    Imperative calls and graphs built inside the region are affected; a hybridized block keeps
-    the graph it already built.
+    Low-precision-list, float32-list and conditional ops get their inputs cast to float32;
+    dtype-neutral ops (reshape, relu, optimizer updates, explicit casts) run in their input's
+    dtype, as without AMP, so float32 inputs mean float32 everywhere. Imperative calls and
+    graphs built inside the region are affected; a hybridized block keeps the graph it built.
 
     >>> from mxamp import amp
     >>> with amp.disabled():                                 # doctest: +SKIP

@@ -11,8 +11,8 @@ before calling the original:
 * ``conditional_fp32``: like ``fp32`` when the parameter has one of the listed values.
 
 float16 operators with no CPU kernel stay float32 on CPU arrays (and in Symbols when the process
-has no GPU), with one warning per operator. Inside :func:`mxamp.patching.disabled` every op
-behaves as ``fp32``.
+has no GPU), with one warning per operator. Inside :func:`mxamp.patching.disabled` no op runs
+in low precision: every op but the dtype-neutral ones behaves as ``fp32``.
 
 >>> import mxnet as mx
 >>> from mxamp.wrappers import Policy, make_wrapper
@@ -104,9 +104,11 @@ def _condition_holds(policy, kwargs):
 
 def _plan(policy, kwargs, on_cpu):
     """Decide ('to', dtype) / ('widest', None) / ('none', None) for one call."""
-    if not amp_enabled():
-        return "to", "float32"
     cat = policy.category
+    if not amp_enabled():
+        # amp.disabled(): nothing is put into low precision. Dtype-neutral ops (optimizer
+        # updates writing `out=`, explicit casts...) are left exactly as without AMP.
+        return ("none", None) if cat == "neutral" else ("to", "float32")
     if cat == "conditional_fp32":
         cat = "fp32" if _condition_holds(policy, kwargs) else "neutral"
     if cat == "low_precision":
@@ -136,7 +138,7 @@ def _ndarray_wrapper(func, policy):
     neutral = policy.category == "neutral"
 
     def wrapped(*args, **kwargs):
-        if neutral and amp_enabled():
+        if neutral:
             return func(*args, **kwargs)
         slots = _tensor_slots(args, kwargs, NDArray)
         if not slots:

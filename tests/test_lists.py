@@ -6,7 +6,6 @@ as one of its underscore-separated words (``_backward_FullyConnected``, ``_split
 ``_contrib_backward_quadratic``, ``_npi_hsplit_backward``...). They follow their forward op and
 are not listed; every other registered name is a forward op and must be classified.
 """
-import ctypes
 import functools
 import json
 import os
@@ -17,12 +16,12 @@ import numpy as np
 import pytest
 
 import mxnet as mx
-from mxnet.base import _LIB, c_str, check_call, py_str
 
 from mxamp import amp
 from mxamp.lists import bfloat16 as bf16_data
 from mxamp.lists import float16 as fp16_data
 from mxamp.lists import get_op_lists
+from mxamp.opfuncs import op_info
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGETS = ("float16", "bfloat16")
@@ -42,17 +41,8 @@ def registry():
     """{registered name: (op handle, canonical name, {argument name: type string})}."""
     ops = {}
     for name in mx.operator.get_all_registered_operators():
-        handle = ctypes.c_void_p()
-        check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(handle)))
-        real, desc, kv_name, ret = (ctypes.c_char_p() for _ in range(4))
-        num = ctypes.c_uint()
-        names, types, descs = (ctypes.POINTER(ctypes.c_char_p)() for _ in range(3))
-        check_call(_LIB.MXSymbolGetAtomicSymbolInfo(
-            handle, ctypes.byref(real), ctypes.byref(desc), ctypes.byref(num),
-            ctypes.byref(names), ctypes.byref(types), ctypes.byref(descs),
-            ctypes.byref(kv_name), ctypes.byref(ret)))
-        args = {py_str(names[i]): py_str(types[i]) for i in range(num.value)}
-        ops[name] = (handle.value, py_str(real.value), args)
+        info = op_info(name)
+        ops[name] = (info.handle, info.canonical, dict(info.arguments))
     return ops
 
 
