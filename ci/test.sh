@@ -4,4 +4,4 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/ci/setup_env.sh" cpu,test
 cd "$ROOT"
-exec "$PY" -m pytest -q -p no:cacheprovider tests "$@"
+exec "$PY" -m pytest -q -p no:cacheprovider --doctest-modules tests mxamp "$@"

@@ -4,8 +4,9 @@ MXNet's bfloat16 is not a numpy scalar type: it is the structured dtype
 ``np.dtype([('bfloat16', np.uint16)])``, and ``nd.amp_cast`` rejects the string
 ``'bfloat16'``. Everything in mxamp normalises dtypes through this module.
 
+>>> import numpy as np
 >>> from mxamp import dtypes
->>> dtypes.normalize("bfloat16"), dtypes.normalize(numpy.float16)
+>>> dtypes.normalize("bfloat16"), dtypes.normalize(np.float16)
 ('bfloat16', 'float16')
 >>> dtypes.to_mx(dtypes.normalize("bfloat16")) == dtypes.BFLOAT16
 True

@@ -132,7 +132,9 @@ class LocalCluster:
 
     Use :meth:`run` to start everything and wait; it always stops what it started.
 
-    >>> cluster = LocalCluster([sys.executable, '-c', 'print(1)'], num_workers=1, num_servers=1)
+    >>> import io
+    >>> cluster = LocalCluster([sys.executable, '-c', 'print(1)'], num_workers=1, num_servers=1,
+    ...                        output=io.BytesIO())
     >>> cluster.run(timeout=60)                  # doctest: +SKIP
     0
     """

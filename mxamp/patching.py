@@ -257,7 +257,7 @@ def patch_state():
     """A summary of the patch: target, wrapped functions per category, patched modules, timing.
 
     >>> sorted(patch_state())[:3]
-    ['categories', 'disabled', 'init_ms']
+    ['bindings', 'categories', 'disabled']
     """
     modules = sorted({module.__name__ for module, _, _, _ in REGISTRY.replaced
                       if isinstance(module, types.ModuleType)})

@@ -258,7 +258,7 @@ def make_wrapper(func, policy, is_symbol):
 
     >>> import mxnet as mx
     >>> w = make_wrapper(mx.sym.softmax, Policy('fp32', 'bfloat16', 'softmax'), is_symbol=True)
-    >>> w(mx.sym.var('x')).get_children().name.endswith('amp_cast')
+    >>> w(mx.sym.var('x')).get_children().name.startswith('amp_cast')
     True
     """
     build = _symbol_wrapper if is_symbol else _ndarray_wrapper
