@@ -12,6 +12,7 @@ this module maps a function to its operator without re-implementing MXNet's nami
 'Flatten'
 """
 import ctypes
+import functools
 import sys
 import types
 from dataclasses import dataclass
@@ -31,15 +32,6 @@ class RegisteredOps:
     canonical: dict           # any name -> canonical name
     by_handle: dict           # op handle (int) -> canonical name
     aliases: dict             # canonical name -> frozenset of all its names
-
-    def is_backward(self, name):
-        """True for ops that only exist as the gradient of another op.
-
-        >>> registered_ops().is_backward('_backward_FullyConnected')
-        True
-        """
-        canon = self.canonical.get(name, name)
-        return canon.startswith("_backward") or "_backward_" in canon
 
 
 _REGISTERED = None
@@ -160,6 +152,7 @@ def find_op_functions():
             for f, o, s, b in found.values()]
 
 
+@functools.lru_cache(maxsize=None)
 def gpu_available():
     """True when this process can run GPU kernels (decides fp16 ops in Symbols on CPU).
 

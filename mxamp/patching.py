@@ -44,14 +44,14 @@ class PatchRegistry:
     def apply(self, target, lists):
         """Wrap every generated operator function according to ``lists``."""
         start = time.perf_counter()
-        loss_wrap = _loss_output_wrapper()
+        from .loss_outputs import wrap_loss_output  # pylint: disable=import-outside-toplevel
         for fn in opfuncs.find_op_functions():
             policy = _policy(lists, fn.op_name, target)
             if policy is None:
                 continue
             wrapped = wrappers.make_wrapper(fn.func, policy, fn.is_symbol)
-            if loss_wrap is not None and fn.op_name in lists.loss_output:
-                wrapped = loss_wrap(wrapped, fn.op_name, fn.is_symbol)
+            if fn.op_name in lists.loss_output:
+                wrapped = wrap_loss_output(wrapped, fn.op_name, fn.is_symbol)
             for module, attr in fn.bindings:
                 setattr(module, attr, wrapped)
                 self.replaced.append((module, attr, fn.func, wrapped))
@@ -100,14 +100,6 @@ def _policy(lists, op_name, target):
         fp32_params=tuple(lists.fp32_params.get(op_name, ())),
         condition=cond,
         no_cpu_kernel=target == "float16" and op_name in lists.no_cpu_kernel)
-
-
-def _loss_output_wrapper():
-    try:
-        from .loss_outputs import wrap_loss_output  # pylint: disable=import-outside-toplevel
-    except ImportError:
-        return None
-    return wrap_loss_output
 
 
 REGISTRY = PatchRegistry()

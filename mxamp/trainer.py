@@ -41,7 +41,6 @@ weights (:mod:`mxamp.optimizers`). Diagnostics: :func:`loss_scaler`.
 # pylint: disable=protected-access
 import contextlib
 import functools
-import importlib.util
 import logging
 import math
 import threading
@@ -52,7 +51,7 @@ import mxnet as mx
 from mxnet.gluon import Trainer
 from mxnet.optimizer import Optimizer
 
-from . import dtypes, optimizers
+from . import distributed, dtypes, optimizers, patching
 from .scaler import LossScaler
 from .trainer_scaler import TrainerScaler, trainable_grads
 
@@ -139,11 +138,7 @@ def init_trainer(optimizer_or_trainer, **options):
 def _resolve_target(trainer, explicit):
     if explicit is not None:
         return dtypes.normalize(explicit)
-    try:
-        from . import patching  # pylint: disable=import-outside-toplevel
-        active = patching.target_dtype()
-    except ImportError:  # pragma: no cover - patching ships with mxamp
-        active = None
+    active = patching.target_dtype()
     if active:
         return active
     if any(dtypes.name_of(p.dtype) == "bfloat16" for p in trainer._params):
@@ -235,7 +230,7 @@ def _wrap_checkpointing(trainer):
 
 
 def _before_first_step(trainer, lock):
-    """THE call site of ``mxamp.distributed.before_first_step(trainer)``, if that module exists.
+    """THE call site of ``mxamp.distributed.before_first_step(trainer)``.
 
     Runs once per trainer, at its first ``scale_loss`` (parameters are initialised by then,
     and no gradient has been pushed yet).
@@ -243,12 +238,8 @@ def _before_first_step(trainer, lock):
     with lock:
         if getattr(trainer, "_mxamp_first_step_done", False):
             return
-        if importlib.util.find_spec(__package__ + ".distributed") is not None:
-            from . import distributed  # pylint: disable=import-outside-toplevel,no-name-in-module
-            hook = getattr(distributed, "before_first_step", None)
-            if hook is not None:
-                with mx.autograd.pause():
-                    hook(trainer)
+        with mx.autograd.pause():
+            distributed.before_first_step(trainer)
         trainer._mxamp_first_step_done = True  # only once it succeeded
 
 
