@@ -9,6 +9,8 @@ choice are process-wide and cannot be undone. Modes:
   the reference could reach on this CPU. Skipped where the CPU/kernel has no AMX.
 - ``mxamp``: the drop-in path, ``from mxamp import amp``; ``amp.init(target_dtype='bfloat16')``,
   ``amp.init_trainer``, ``amp.scale_loss``; nothing else.
+- ``mxamp_auto``: the same with ``target_dtype='auto'``: bfloat16 where the CPU computes it
+  natively, float32 compute (AMP, loss scaler and skipping still on) elsewhere.
 - ``mxamp_o2``: mxamp's O2 mode as documented: ``amp.init`` (routes ops that ``hybrid_forward``
   calls directly, e.g. ``F.batch_dot``, to float32) + ``amp.cast_model`` (bf16 parameters, fp32
   master weights in the trainer).
@@ -34,8 +36,14 @@ sys.path.insert(1, os.path.dirname(HERE))  # the repo root, for `import mxamp`
 
 from workloads import WORKLOADS, build_model, make_batch, make_loss  # noqa: E402
 
-MODES = ("fp32", "reference", "reference_amx", "mxamp", "mxamp_o2")
+MODES = ("fp32", "reference", "reference_amx", "mxamp", "mxamp_auto", "mxamp_o2")
 TARGET = "bfloat16"
+#: The target_dtype each mode asks AMP for.
+TARGETS = {"mxamp_auto": "auto"}
+
+
+def target_of(mode):
+    return TARGETS.get(mode, TARGET)
 
 
 class Skip(Exception):
@@ -58,7 +66,7 @@ def amp_module(mode):
     if mode in ("reference", "reference_amx"):
         from mxnet.contrib import amp
         return amp
-    if mode in ("mxamp", "mxamp_o2"):
+    if mode in ("mxamp", "mxamp_auto", "mxamp_o2"):
         from mxamp import amp
         return amp
     return None
@@ -79,7 +87,7 @@ def build_train_step(workload, mode, quick):
     from mxnet import autograd, gluon
     amp = amp_module(mode)
     if amp is not None:
-        amp.init(target_dtype=TARGET)          # before the model is built, as users do
+        amp.init(target_dtype=target_of(mode))  # before the model is built, as users do
     net = build_model(workload)
     net.initialize(mx.init.Xavier(magnitude=2.0), ctx=mx.cpu())
     data, label = make_batch(workload, quick)
@@ -119,7 +127,7 @@ def build_infer_step(workload, mode, quick):
     if mode == "mxamp_o2":
         raise Skip("O2 is a training mode")
     if amp is not None:
-        net = amp.convert_hybrid_block(net, target_dtype=TARGET, ctx=mx.cpu())
+        net = amp.convert_hybrid_block(net, target_dtype=target_of(mode), ctx=mx.cpu())
 
     def step():
         out = net(data)
@@ -134,7 +142,7 @@ def time_amp_init(mode):
     if amp is None:
         raise Skip("fp32 has no amp.init")
     start = time.perf_counter()
-    amp.init(target_dtype=TARGET)
+    amp.init(target_dtype=target_of(mode))
     return time.perf_counter() - start
 
 
@@ -143,7 +151,7 @@ def measure(workload_name, mode, quick, steps, warmup):
     result = {"workload": workload_name, "mode": mode, "quick": quick}
     if mode == "reference_amx":
         grant_amx_by_hand()
-    if mode == "mxamp":
+    if mode.startswith("mxamp"):
         import mxamp.cpu
         result["cpu_features"] = mxamp.cpu.cpu_features().as_dict()
     if workload_name == "amp_init":

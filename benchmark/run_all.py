@@ -24,8 +24,8 @@ sys.path.insert(0, HERE)
 import report  # noqa: E402
 from workloads import WORKLOADS  # noqa: E402
 
-TRAIN_MODES = ("fp32", "reference", "reference_amx", "mxamp", "mxamp_o2")
-INFER_MODES = ("fp32", "reference", "reference_amx", "mxamp")
+TRAIN_MODES = ("fp32", "reference", "reference_amx", "mxamp", "mxamp_auto", "mxamp_o2")
+INFER_MODES = ("fp32", "reference", "reference_amx", "mxamp", "mxamp_auto")
 INIT_MODES = ("reference", "mxamp")
 # (timed steps, warmup steps) per workload at full size; --quick uses (2, 1).
 STEPS = {"mlp_train": (10, 3), "resnet18_train": (10, 3), "resnet50_train": (3, 1),
@@ -196,6 +196,15 @@ def machine_info():
     except (OSError, StopIteration):
         pass
     info["loadavg_start"] = os.getloadavg()[0]
+    # The bfloat16 class decides what the ratios should be; computed as the workers compute it.
+    proc = subprocess.run([sys.executable, "-c", "import json; from mxamp import cpu; "
+                           "f = cpu.cpu_features(); print(json.dumps([f.bf16_class, "
+                           "f.bf16_reason]))"], capture_output=True, text=True,
+                          env=_child_env(), cwd=os.path.dirname(HERE), timeout=120)
+    try:
+        info["bf16_class"], info["bf16_reason"] = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        info["bf16_class"], info["bf16_reason"] = "unknown", proc.stderr.strip()[-200:]
     return info
 
 

@@ -42,8 +42,11 @@ SECTIONS = [
       "mxamp.amp.list_conditional_fp32_ops", "mxamp.amp.list_widest_type_cast",
       "mxamp.amp.list_loss_output_functions", "mxamp.amp.list_lp16_use_fp32_params",
       "mxamp.amp.list_fp16_ops", "mxamp.amp.list_fp16_fp32_ops"]),
-    ("CPU features", "AMX / AVX512-BF16 detection and enablement.",
-     ["mxamp.amp.cpu_features", "mxamp.cpu.cpu_features"]),
+    ("CPUs, devices and precision plans", "The bfloat16 class of this CPU, what each request "
+     "computes where, AMX enablement; `python -m mxamp.doctor` prints it all.",
+     ["mxamp.amp.cpu_features", "mxamp.cpu.cpu_features", "mxamp.cpu.classify_bf16",
+      "mxamp.amp.precision_plan", "mxamp.devices.DevicePlan", "mxamp.devices.plan",
+      "mxamp.doctor.main"]),
 ]
 
 

@@ -10,7 +10,9 @@ the model-zoo weights if you have them), run it once, convert it with
 that ``SymbolBlock.imports`` loads it back with its casts.
 
 ``import mxamp`` comes before the first oneDNN operator so that it can switch oneDNN to Intel
-AMX where the CPU has it (bfloat16 is much faster with AMX; see ``mxamp.cpu``).
+AMX where the CPU has it (bfloat16 is much faster with AMX; see ``mxamp.cpu``). What the
+converted model computes depends on the CPU's bfloat16 class, and the script prints it: on a CPU
+without bfloat16 kernels (class 'none') it computes in float32, with float32's outputs.
 """
 import argparse
 import statistics
@@ -59,15 +61,18 @@ def main():
     ref, out = reference.asnumpy().astype(np.float64), output.asnumpy().astype(np.float64)
     rel_error = np.linalg.norm(out - ref) / np.linalg.norm(ref)
     agree = int((out.argmax(1) == ref.argmax(1)).sum())
-    print("%s, batch %d: bf16 relative L2 error %.4f, top-1 agreement %d/%d"
-          % (args.model, args.batch, rel_error, agree, args.batch))
+    plan = amp.precision_plan("bfloat16", mx.cpu())
+    print("%s, batch %d, CPU class %r: %s" % (args.model, args.batch, plan.device, plan.summary()))
+    print("converted vs float32: relative L2 error %.4f, top-1 agreement %d/%d"
+          % (rel_error, agree, args.batch))
 
     fp32_ms = median_ms(net, images, args.repeat)
     bf16_ms = median_ms(bf16_net, images, args.repeat)
     features = cpu.cpu_features()
-    print("forward, median of %d: float32 %.1f ms, bfloat16 %.1f ms, speedup x%.2f (AMX %s)"
-          % (args.repeat, fp32_ms, bf16_ms, fp32_ms / bf16_ms,
-             "on" if features.amx_enabled else "off: " + (features.reason or "not available")))
+    print("forward, median of %d: float32 %.1f ms, converted (%s compute) %.1f ms, speedup "
+          "x%.2f (AMX %s)" % (args.repeat, fp32_ms, plan.compute, bf16_ms, fp32_ms / bf16_ms,
+                              "on" if features.amx_enabled else "off: " + (
+                                  features.reason or "not available")))
 
     if args.export:
         bf16_net.export(args.export)

@@ -166,6 +166,9 @@ def main(argv=None):
                                  seed=args.seed)
 
     precision = (f"{target} ({args.impl})" if args.amp else "float32")
+    # what really computes: a bfloat16 request on a CPU without bf16 kernels runs in float32
+    ran = amp.precision_plan(target, ctx[0]).summary() if args.amp and args.impl == "mxamp" \
+        else precision
     logging.info("training %s on %d generated images (%dx%d), batch %d, %d iterations, %s",
                  net_name, len(train_dataset), args.data_shape, args.data_shape,
                  args.batch_size, args.iters, precision)
@@ -182,13 +185,13 @@ def main(argv=None):
         return 2
     totals = [sum(h[k] for k in ("obj", "center", "scale", "cls")) for h in history]
     finite = bool(np.all(np.isfinite(totals)))
-    print(f"done: {len(history)} iterations in {precision}, total loss "
+    print(f"done: {len(history)} iterations in {precision} ({ran}), total loss "
           f"{totals[0]:.3f} -> {totals[-1]:.3f}, skipped steps "
           f"{history[-1]['skipped_steps']}, final loss scale {history[-1]['loss_scale']:g}, "
           f"{'all losses finite' if finite else 'NON-FINITE LOSS'}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"precision": precision, "history": history}, f)
+            json.dump({"precision": precision, "what_ran": ran, "history": history}, f)
     return 0 if finite else 1
 
 

@@ -3,8 +3,9 @@
 Each run (fp32, mxamp patching, mxamp O2) executes in a fresh Python process, so that
 ``amp.init()``'s operator patching never touches the fp32 baseline and peak memory is measured
 per run. The script prints a progress bar per epoch, then a table (test accuracy, time per
-epoch, speedup over fp32, peak memory, skipped steps, final loss scale) and writes a PNG with
-the loss curves and the loss-scale history.
+epoch, speedup over fp32, peak memory, skipped steps, final loss scale, and what really ran:
+on a CPU without bfloat16 kernels a bfloat16 request computes in float32, and the table says
+so) and writes a PNG with the loss curves and the loss-scale history.
 
     python example/train_mnist.py                       # fp32, patching and O2; bf16 on CPU
     python example/train_mnist.py --mode patch --epochs 3
@@ -124,6 +125,20 @@ def _scaler_reading(trainer):
     return float(scaler.loss_scale), int(skipped)
 
 
+def _what_ran(run, amp, impl, dtype, ctx, weight_dtype):
+    """A few words on the precision this run really computed in (mxamp says; see its plans)."""
+    if run == "fp32":
+        return "float32"
+    if impl == "reference":
+        return f"{dtype} (mxnet.contrib.amp)"
+    plan = amp.precision_plan(dtype, ctx)
+    if run == "patch":
+        return plan.summary()
+    if plan.low_precision:
+        return f"{plan.summary()}; {weight_dtype} weights"
+    return f"{weight_dtype} weights; float32 compute: {plan.reason}"
+
+
 def _dtype_name(dtype):
     """'float32', 'float16' or 'bfloat16' (MXNet's bfloat16 is a numpy struct dtype)."""
     dtype = np.dtype(dtype)
@@ -221,6 +236,7 @@ def train_one(run, dtype="bfloat16", impl="mxamp", epochs=3, batch_size=64, lr=0
     probe = mx.nd.array(x_test[:2], ctx=ctx).astype(first_conv.weight.dtype)
     precision = {"conv0_weight": _dtype_name(first_conv.weight.dtype),
                  "conv0_output": _dtype_name(first_conv(probe).dtype)}
+    ran = _what_ran(run, amp, impl, dtype, ctx, precision["conv0_weight"])
     return {
         "run": run, "dtype": "float32" if run == "fp32" else dtype, "impl": impl,
         "test_accuracy": accuracy, "epoch_seconds": epoch_seconds,
@@ -229,6 +245,7 @@ def train_one(run, dtype="bfloat16", impl="mxamp", epochs=3, batch_size=64, lr=0
         "losses": losses, "loss_scales": scales, "skipped_steps": skipped,
         "final_loss_scale": scales[-1] if scales else None,
         "precision": precision,  # proof of what ran: bfloat16 weights (O2) or outputs (patch)
+        "what_ran": ran,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
     }
 
@@ -256,11 +273,11 @@ def format_table(results):
     """A Markdown table comparing the runs; speedup is relative to the fp32 run."""
     baseline = next((r for r in results if r["run"] == "fp32" and "failed" not in r), None)
     header = ("| run | dtype | test acc | s/epoch | speedup | peak MB | skipped steps "
-              "| final loss scale |")
-    lines = [header, "|" + "---|" * 8]
+              "| final loss scale | what ran |")
+    lines = [header, "|" + "---|" * 9]
     for r in results:
         if "failed" in r:
-            lines.append(f"| {RUNS[r['run']]} | FAILED ({r['failed']}) |  |  |  |  |  |  |")
+            lines.append(f"| {RUNS[r['run']]} | FAILED ({r['failed']}) |  |  |  |  |  |  |  |")
             continue
         speedup = (f"{baseline['seconds_per_epoch'] / r['seconds_per_epoch']:.2f}x"
                    if baseline else "n/a")
@@ -270,7 +287,7 @@ def format_table(results):
                               and r["run"] != "fp32" else "")
         lines.append(f"| {RUNS[r['run']]} | {dtype} | {100 * r['test_accuracy']:.1f}% "
                      f"| {r['seconds_per_epoch']:.2f} | {speedup} | {r['peak_rss_mb']:.0f} "
-                     f"| {skipped} | {scale} |")
+                     f"| {skipped} | {scale} | {r.get('what_ran', '')} |")
     return "\n".join(lines)
 
 
@@ -336,6 +353,11 @@ def main(argv=None):
     print(f"LeNet, MNIST-5k ({args.train_size} train / {5000 - args.train_size} test), "
           f"{args.epochs} epochs, batch {args.batch_size}, {args.device}; mixed precision: "
           f"{args.dtype} with {args.impl}")
+    if args.device == "cpu":
+        from mxamp import amp
+        features = amp.cpu_features()
+        print(f"CPU: {features.cpu_model or 'unknown model'}; bfloat16 class "
+              f"'{features.bf16_class}': {features.bf16_reason}")
     results = [run_in_subprocess(run, args) for run in runs]
     print()
     print(format_table(results))

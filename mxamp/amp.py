@@ -13,6 +13,7 @@ from .convert import (convert_bucketing_module, convert_hybrid_block, convert_mo
                       convert_symbol)
 from .compare import accuracy_report
 from .cpu import cpu_features
+from .devices import precision_plan
 from .lists import get_op_lists
 from .o2 import cast_model
 from .patching import disabled, init, is_initialized, op_lists, patch_state, reset, target_dtype
@@ -26,7 +27,7 @@ __all__ = [
     "list_loss_output_functions", "list_lp16_use_fp32_params", "list_fp16_ops",
     "list_fp16_fp32_ops", "disabled", "is_initialized", "patch_state", "target_dtype",
     "reset", "op_lists", "cast_model", "accuracy_report",
-    "cpu_features", "global_norm_and_overflow", "loss_scaler",
+    "cpu_features", "global_norm_and_overflow", "loss_scaler", "precision_plan",
 ]
 
 

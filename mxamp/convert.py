@@ -17,6 +17,14 @@ What mxamp adds over ``mxnet.contrib.amp``:
   ``SymbolBlock.imports`` gives back the same mixed-precision model.
 * Bad input raises ``TypeError``/``ValueError``/``RuntimeError`` naming the problem, including a
   float16 model asked to run on a CPU, which has no float16 GEMM/convolution kernels.
+* What mxamp builds to run here (``convert_hybrid_block``, ``convert_bucketing_module`` on CPU
+  contexts) never holds an op this CPU has no kernel for: on a CPU without bfloat16 kernels
+  (class 'none', :mod:`mxamp.cpu`) those ops compute in float32, with one warning per process.
+  ``convert_symbol``/``convert_model`` build exactly the graph requested: an artifact to deploy
+  on another machine, whatever this one can run.
+* ``target_dtype='auto'`` picks float16 for a GPU, bfloat16 for a CPU that computes it natively
+  (AVX512-BF16, AMX), and float32 compute elsewhere (:mod:`mxamp.devices`; one log line says
+  why).
 
 >>> import mxnet as mx
 >>> from mxamp import amp
@@ -34,7 +42,7 @@ import mxnet as mx
 from mxnet.gluon import HybridBlock
 from mxnet.module import BucketingModule
 
-from . import dtypes
+from . import devices, dtypes
 from .gluon_graph import ConvertedBlock, block_context, trace_graph
 from .lists import get_op_lists
 from .precision_pass import CAST_OPS, graph_nodes, op_names, param_dtypes, reduce_precision
@@ -137,6 +145,12 @@ def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=
     dtype (recorded in their ``__dtype__`` attribute) instead of casting them in the graph.
     ``fp32_outputs=False`` keeps each output in the dtype it was computed in.
 
+    The graph is the one requested, whether or not this machine has kernels for it: a model to
+    deploy elsewhere (a bfloat16 graph made on a CPU without bfloat16 kernels runs on an
+    AVX512-BF16/AMX CPU, not here; :func:`convert_hybrid_block` builds what runs here).
+    ``target_dtype='auto'`` converts for this machine: float16 with a GPU, bfloat16 on a CPU
+    that computes it natively, else an unconverted float32 copy (with one log line).
+
     >>> import mxnet as mx
     >>> fc = mx.sym.FullyConnected(mx.sym.var('data'), num_hidden=4, name='fc')
     >>> lp = convert_symbol(fc, 'bfloat16')
@@ -145,7 +159,12 @@ def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=
     """
     if not isinstance(sym, mx.sym.Symbol):
         raise TypeError("convert_symbol needs an mxnet Symbol, got %s" % type(sym).__name__)
-    lists = resolve_op_lists(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops)
+    requested = dtypes.normalize_request(target_dtype)
+    device = devices.symbol_device()
+    lists = resolve_op_lists(devices.target_for(requested, device), target_dtype_ops, fp32_ops,
+                             conditional_fp32_ops)
+    if requested == dtypes.AUTO:
+        lists = _for_devices(requested, lists, [device])
     excluded = _check_name_list(excluded_sym_names, "excluded_sym_names") or []
     node_names = [n["name"] for n in graph_nodes(sym)]
     _check_excluded(excluded, node_names)
@@ -213,7 +232,7 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
 
 def _check_device_can_run(lists, converted, contexts):
     """float16 on a CPU context would fail at the first GEMM deep in MXNet: fail here instead."""
-    on_cpu = [c for c in contexts if c.device_type.startswith("cpu")]
+    on_cpu = [c for c in contexts if devices.is_cpu(c)]
     if not on_cpu or lists.target in CPU_TARGETS:
         return
     lp_ops = op_names(converted) & set(lists.low_precision) & set(lists.no_cpu_kernel)
@@ -225,25 +244,34 @@ def _check_device_can_run(lists, converted, contexts):
             % (lists.target, ", ".join(sorted(lp_ops)), lists.target, on_cpu[0], lists.target))
 
 
-def _default_target(target_dtype, contexts):
-    if target_dtype is not None:
-        return target_dtype
-    on_cpu = all(c.device_type.startswith("cpu") for c in contexts)
-    return CPU_TARGETS[0] if on_cpu else "float16"
+def _requested_target(target_dtype, contexts):
+    """``(request, target)``: None means bfloat16 for CPU contexts and float16 for GPUs."""
+    if target_dtype is None:
+        on_cpu = all(devices.is_cpu(c) for c in contexts)
+        target = CPU_TARGETS[0] if on_cpu else "float16"
+        return target, target
+    requested = dtypes.normalize_request(target_dtype)
+    device = devices.device_of(contexts[0])
+    return requested, devices.target_for(requested, device)
 
 
-def _cpu_lists(lists, contexts):
-    """On a CPU, a low-precision op without a CPU kernel for the target stays float32."""
-    if lists.target not in CPU_TARGETS or not any(
-            c.device_type.startswith("cpu") for c in contexts):
+def _for_devices(requested, lists, device_names):
+    """The lists a model running on ``device_names`` needs: ops without a kernel (or without a
+    gain, for 'auto') there compute in float32. Warns once about a CPU that lacks or emulates
+    bfloat16; an explicit float16 request on a CPU is left to :func:`_check_device_can_run`."""
+    if requested == "float16":
         return lists
-    demote = sorted(set(lists.low_precision) & set(lists.no_cpu_kernel))
-    if not demote:
-        return lists
-    _LOG.info("no %s CPU kernel, kept in float32: %s", lists.target, ", ".join(demote))
-    return lists.with_overrides(
-        target_precision_ops=sorted(set(lists.low_precision) - set(demote)),
-        fp32_ops=sorted(set(lists.fp32) | set(demote)))
+    fp32_ops = set()
+    for device in sorted(set(device_names)):
+        plan = devices.plan(requested, lists, device)
+        fp32_ops |= plan.fp32_ops
+        devices.warn_once(devices.cpu_notice(plan), stacklevel=4)
+        if requested == dtypes.AUTO:
+            _LOG.info("mxamp: %s", plan.describe())
+        elif plan.fp32_ops:
+            _LOG.info("mxamp: no %s kernel on a CPU of class %r, kept in float32: %s",
+                      lists.target, device, devices.op_summary(plan.fp32_ops))
+    return lists.computing_in_fp32(fp32_ops)
 
 
 def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
@@ -255,10 +283,12 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
     tuple of them, one per forward argument) must be given; it is run once under
     ``autograd.pause()``. ``ctx=None`` puts the parameters on the block's own context (CPU
     for a block on CPU). ``target_dtype=None`` picks bfloat16 for a CPU context and float16
-    for a GPU (the reference's default, float16 on gpu(0), fails on a CPU-only machine).
-    Converting to float16 for a CPU context raises ``RuntimeError`` (no
-    float16 convolution/GEMM kernels there); on a CPU, bfloat16 ops without a CPU kernel stay
-    float32. Node names in ``excluded_sym_names`` are the graph's (e.g. ``'resnetv10_conv0_fwd'``,
+    for a GPU (the reference's default, float16 on gpu(0), fails on a CPU-only machine);
+    ``'auto'`` picks float16 for a GPU, bfloat16 for a CPU that computes it natively and float32
+    compute on other CPUs. Converting to float16 for a CPU context raises ``RuntimeError`` (no
+    float16 convolution/GEMM kernels there). The block returned runs on ``ctx``: on a CPU
+    without bfloat16 kernels (class 'none') the ops that lack one compute in float32, and one
+    warning per process says so. Node names in ``excluded_sym_names`` are the graph's (e.g. ``'resnetv10_conv0_fwd'``,
     see ``block._cached_graph[1].get_internals()``).
 
     >>> net = mx.gluon.nn.Dense(2, in_units=3)
@@ -274,10 +304,10 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
     if ctx is not None and not isinstance(ctx, mx.Context):
         raise TypeError("ctx must be an mx.Context (e.g. mx.cpu()), got %r" % (ctx,))
     ctx = ctx or block_context(block)
-    lists = resolve_op_lists(_default_target(target_dtype, [ctx]), target_dtype_ops, fp32_ops,
-                             conditional_fp32_ops)
+    requested, target = _requested_target(target_dtype, [ctx])
+    lists = resolve_op_lists(target, target_dtype_ops, fp32_ops, conditional_fp32_ops)
     inputs, sym = trace_graph(block, example_inputs)
-    lists = _cpu_lists(lists, [ctx])
+    lists = _for_devices(requested, lists, [devices.device_of(ctx)])
     excluded = _check_name_list(excluded_sym_names, "excluded_sym_names") or []
     _check_excluded(excluded, [n["name"] for n in graph_nodes(sym)])
     converted = _convert(sym, lists, excluded, [i.name for i in inputs], cast_optional_params,
@@ -304,7 +334,9 @@ def convert_bucketing_module(bucketing_mod, target_dtype=None, target_dtype_ops=
 
     ``excluded_sym_names`` may name nodes of any bucket (a name must exist in at least one);
     buckets first seen after the conversion are converted when they are created.
-    ``target_dtype=None`` picks bfloat16 when the module runs on a CPU, float16 on GPUs.
+    ``target_dtype=None`` picks bfloat16 when the module runs on a CPU, float16 on GPUs;
+    ``'auto'`` as in :func:`convert_hybrid_block`. Ops the module's CPU has no kernel for
+    compute in float32, as in :func:`convert_hybrid_block`.
 
     >>> # lp_mod = convert_bucketing_module(mod, 'bfloat16'); lp_mod.bind(...); lp_mod.forward(...)
     """
@@ -316,9 +348,9 @@ def convert_bucketing_module(bucketing_mod, target_dtype=None, target_dtype_ops=
                            "(mod.bind(...); mod.init_params()) before converting it")
     contexts = bucketing_mod._context
     contexts = list(contexts) if isinstance(contexts, (list, tuple)) else [contexts]
-    lists = resolve_op_lists(_default_target(target_dtype, contexts), target_dtype_ops,
-                             fp32_ops, conditional_fp32_ops)
-    lists = _cpu_lists(lists, contexts)
+    requested, target = _requested_target(target_dtype, contexts)
+    lists = resolve_op_lists(target, target_dtype_ops, fp32_ops, conditional_fp32_ops)
+    lists = _for_devices(requested, lists, [devices.device_of(c) for c in contexts])
     excluded = _check_name_list(excluded_sym_names, "excluded_sym_names") or []
     per_bucket = {key: {n["name"] for n in graph_nodes(mod.symbol)}
                   for key, mod in bucketing_mod._buckets.items()}

@@ -1,5 +1,28 @@
-"""CPU features for bfloat16, and switching oneDNN to Intel AMX.
+"""CPU features for bfloat16: the class of bfloat16 support oneDNN uses, and switching it to AMX.
 
+**The bfloat16 class.** What a bfloat16 Convolution or FullyConnected does on a CPU depends on
+the instructions oneDNN 2.4 (inside MXNet 1.9.1) may use, which :func:`classify_bf16` models
+from the CPU's flags, the user's ``DNNL_MAX_CPU_ISA`` cap and the MXNet build:
+
+=========== ====================================================== ==============================
+class       when                                                   a bf16 GEMM/convolution
+=========== ====================================================== ==============================
+``none``    no AVX-512 core (AVX2 CPUs), an ISA cap below          fails: "could not create a
+            ``AVX512_CORE``, or MXNet's oneDNN off/absent          primitive descriptor iterator"
+``emulated`` AVX-512 core without AVX512-BF16 (or a cap below      runs, 2-5x slower than fp32
+            ``AVX512_CORE_BF16``)
+``native``  AVX512-BF16 (Cooper Lake, Sapphire Rapids w/o AMX)     runs in hardware
+``amx``     AMX tiles, the ``AVX512_CORE_AMX`` cap and the Linux    runs on AMX tiles
+            tile permission
+=========== ====================================================== ==============================
+
+The class is decided once per process (:func:`cpu_features`, a few milliseconds: one read of
+``/proc/cpuinfo``, no oneDNN call) and drives what mxamp does with a bfloat16 request
+(:mod:`mxamp.devices`). oneDNN reads ``DNNL_MAX_CPU_ISA`` once, at its first primitive, with
+exact, case-sensitive names (``AVX2``, ``AVX512_CORE``, ...; anything else means no cap); the
+older ``MKLDNN_MAX_CPU_ISA`` spelling is ignored by oneDNN 2.x and so by this model.
+
+**AMX.**
 oneDNN 2.4 (inside MXNet 1.9.1) never uses AMX unless two things happen before it creates its
 first primitive: Linux grants the process the AMX tile state (``arch_prctl(ARCH_REQ_XCOMP_PERM,
 XFEATURE_XTILEDATA)``) and ``DNNL_MAX_CPU_ISA=AVX512_CORE_AMX`` is in the environment. The
@@ -31,6 +54,7 @@ import logging
 import os
 import platform
 import sys
+import time
 from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
@@ -38,8 +62,31 @@ _LOG = logging.getLogger(__name__)
 
 #: Set to 1/true/yes/on to keep mxamp from touching oneDNN's ISA.
 DISABLE_ENV = "MXAMP_DISABLE_AMX"
-#: The variables oneDNN reads for its ISA cap (the second is the pre-2.0 spelling).
+#: The variables users set for oneDNN's ISA cap. oneDNN 2.4 reads only the first; mxamp treats
+#: the pre-2.0 spelling as a sign the user manages the ISA (and leaves AMX alone).
 ISA_ENV_NAMES = ("DNNL_MAX_CPU_ISA", "MKLDNN_MAX_CPU_ISA")
+#: MXNet 1.9's switch for its oneDNN operators (``0``/``false`` turns them off).
+ONEDNN_SWITCH_ENV = "MXNET_MKLDNN_ENABLED"
+
+#: The bfloat16 classes, from no kernels to AMX tiles (see the module docstring).
+BF16_CLASSES = ("none", "emulated", "native", "amx")
+#: Classes on which oneDNN computes bfloat16 in hardware (faster than float32).
+NATIVE_CLASSES = ("native", "amx")
+
+# oneDNN 2.4's DNNL_MAX_CPU_ISA values -> (allows avx512_core, allows avx512_core_bf16, allows
+# AMX). "ALL" leaves AMX out: oneDNN 2.4 calls its AMX support initial and off by default.
+_ISA_CAPS = {
+    "ALL": (True, True, False),
+    "SSE41": (False, False, False), "AVX": (False, False, False), "AVX2": (False, False, False),
+    "AVX2_VNNI": (False, False, False), "AVX512_MIC": (False, False, False),
+    "AVX512_MIC_4OPS": (False, False, False),
+    "AVX512_CORE": (True, False, False), "AVX512_CORE_VNNI": (True, False, False),
+    "AVX512_CORE_BF16": (True, True, False), "AVX512_CORE_AMX": (True, True, True),
+}
+# What oneDNN's mayiuse() checks (cpu_isa_traits.hpp) for each level.
+_AVX512_CORE_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
+_BF16_FLAGS = _AVX512_CORE_FLAGS + ("avx512_vnni", "avx512_bf16")
+_AMX_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")
 #: The value that lets oneDNN 2.4 dispatch to AMX kernels.
 AMX_ISA = "AVX512_CORE_AMX"
 
@@ -67,6 +114,11 @@ class CpuFeatures:
     onednn_max_isa: Optional[str]  #: ISA cap oneDNN was given (by mxamp or the user), None if none
     reason: str                  #: why AMX is not enabled ('' when it is)
     mxnet_imported_first: bool = False  #: mxnet was imported before mxamp (see the import order)
+    #: the bfloat16 class oneDNN uses in this process (:data:`BF16_CLASSES`); '' until decided
+    bf16_class: str = ""
+    bf16_reason: str = ""        #: why this class: flags, ISA cap or build, in words
+    cpu_model: str = ""          #: the ``model name`` line of /proc/cpuinfo
+    decided_ms: float = 0.0      #: how long deciding the class took, in milliseconds
 
     @property
     def native_bf16(self):
@@ -91,6 +143,29 @@ class CpuFeatures:
 
 
 _RESULT = None  # the CpuFeatures of the one enable_amx_if_possible() call of this process
+_CLASSIFIED = None  # _RESULT completed with the bfloat16 class, by the first cpu_features()
+
+
+def read_cpuinfo(cpuinfo_path="/proc/cpuinfo"):
+    """``(model name, flags)`` of the first CPU listed in ``cpuinfo_path`` ('' and empty if unreadable).
+
+    >>> model, flags = read_cpuinfo()
+    >>> isinstance(model, str) and isinstance(flags, frozenset)
+    True
+    """
+    model = ""
+    try:
+        with open(cpuinfo_path) as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and not model:
+                    model = value.strip()
+                elif key == "flags":
+                    return model, frozenset(value.split())
+    except OSError as err:
+        _LOG.debug("cannot read %s: %s", cpuinfo_path, err)
+    return model, frozenset()
 
 
 def read_cpu_flags(cpuinfo_path="/proc/cpuinfo"):
@@ -99,15 +174,66 @@ def read_cpu_flags(cpuinfo_path="/proc/cpuinfo"):
     >>> 'amx_bf16' in read_cpu_flags() or True
     True
     """
-    try:
-        with open(cpuinfo_path) as cpuinfo:
-            for line in cpuinfo:
-                key, _, value = line.partition(":")
-                if key.strip() == "flags":
-                    return frozenset(value.split())
-    except OSError as err:
-        _LOG.debug("cannot read %s: %s", cpuinfo_path, err)
-    return frozenset()
+    return read_cpuinfo(cpuinfo_path)[1]
+
+
+def classify_bf16(flags, isa_cap=None, amx_granted=False, onednn=True, machine="x86_64"):
+    """``(class, reason)``: what oneDNN 2.4 does with bfloat16 on a CPU with these ``flags``.
+
+    ``isa_cap`` is the value of ``DNNL_MAX_CPU_ISA`` oneDNN reads (None: no cap; oneDNN ignores
+    names it does not know), ``amx_granted`` whether Linux granted the AMX tile state,
+    ``onednn`` whether MXNet's oneDNN operators are on. Pure: no MXNet, no oneDNN call.
+
+    >>> classify_bf16({'avx2', 'fma'})[0]
+    'none'
+    >>> avx512 = {'avx512f', 'avx512bw', 'avx512vl', 'avx512dq', 'avx512_vnni'}
+    >>> classify_bf16(avx512)[0], classify_bf16(avx512 | {'avx512_bf16'})[0]
+    ('emulated', 'native')
+    >>> classify_bf16(avx512, isa_cap='AVX2')[0]
+    'none'
+    """
+    flags = frozenset(flags)
+    if machine not in ("x86_64", "AMD64"):
+        return "none", "not an x86-64 CPU (%s): MXNet's oneDNN has no bfloat16 kernels" % machine
+    if not onednn:
+        return "none", ("MXNet's oneDNN operators are off (%s=0, or a build without MKLDNN): "
+                        "MXNet has no bfloat16 kernels of its own for GEMMs and convolutions"
+                        % ONEDNN_SWITCH_ENV)
+    allows_core, allows_bf16, allows_amx = _ISA_CAPS.get(isa_cap, _ISA_CAPS["ALL"])
+    cap = "DNNL_MAX_CPU_ISA=%s" % isa_cap if isa_cap in _ISA_CAPS else None
+    missing = [f for f in _AVX512_CORE_FLAGS if f not in flags]
+    if missing:
+        return "none", ("this CPU has no AVX-512 core (%s missing; it has %s); oneDNN 2.4 "
+                        "implements bfloat16 only from avx512_core up"
+                        % (", ".join(missing), _best_vector_isa(flags)))
+    if not allows_core:
+        return "none", ("%s caps oneDNN below AVX512_CORE, where oneDNN 2.4 has no bfloat16 "
+                        "kernels" % cap)
+    has_bf16 = all(f in flags for f in _BF16_FLAGS)
+    if not has_bf16:
+        return "emulated", ("AVX-512 without AVX512-BF16: oneDNN emulates bfloat16 with "
+                            "AVX-512 integer code")
+    if not allows_bf16:
+        return "emulated", ("%s keeps oneDNN from the CPU's AVX512-BF16 instructions: it "
+                            "emulates bfloat16" % cap)
+    if all(f in flags for f in _AMX_FLAGS) and allows_amx:
+        if amx_granted:
+            return "amx", "AMX bf16 tiles enabled (%s and the Linux tile permission)" % cap
+        return "amx", ("%s lets oneDNN use AMX, but Linux refused the tile permission: AMX "
+                       "instructions will fault" % cap)
+    why = "AVX512-BF16 instructions"
+    if all(f in flags for f in _AMX_FLAGS):
+        why += " (AMX present but off: oneDNN 2.4 uses it only with DNNL_MAX_CPU_ISA=" \
+               "AVX512_CORE_AMX and the tile permission)"
+    return "native", why
+
+
+def _best_vector_isa(flags):
+    for name, flag in (("AVX-512F", "avx512f"), ("AVX2", "avx2"), ("AVX", "avx"),
+                       ("SSE4.1", "sse4_1")):
+        if flag in flags:
+            return name
+    return "no AVX"
 
 
 def request_amx_permission():
@@ -228,11 +354,40 @@ def _decide_and_enable():
     return replace(found, amx_granted=True, amx_enabled=True, onednn_max_isa=AMX_ISA), False
 
 
+def onednn_enabled():
+    """True when MXNet's oneDNN operators run: a build with MKLDNN, not switched off by env.
+
+    >>> isinstance(onednn_enabled(), bool)
+    True
+    """
+    if os.environ.get(ONEDNN_SWITCH_ENV, "1").strip().lower() in ("0", "false"):
+        return False
+    import mxnet as mx  # deferred: detection of the CPU itself must not need MXNet
+    return bool(mx.runtime.Features().is_enabled("MKLDNN"))
+
+
 def cpu_features():
-    """The CPU features mxamp found and what it enabled (see :class:`CpuFeatures`).
+    """The CPU features mxamp found, what it enabled, and the bfloat16 class (see :class:`CpuFeatures`).
+
+    Decided once per process, at the first call; later calls return the same object.
 
     >>> f = cpu_features()
     >>> f.amx_enabled == (f.reason == '')
     True
+    >>> f.bf16_class in BF16_CLASSES
+    True
     """
-    return enable_amx_if_possible()
+    global _CLASSIFIED
+    if _CLASSIFIED is None:
+        start = time.perf_counter()
+        found = enable_amx_if_possible()
+        model, flags = read_cpuinfo()
+        # oneDNN 2.4 reads DNNL_MAX_CPU_ISA only (mxamp's own AMX cap was latched and removed)
+        isa_cap = os.environ.get(ISA_ENV_NAMES[0]) or (AMX_ISA if found.amx_enabled else None)
+        bf16_class, why = classify_bf16(flags, isa_cap, found.amx_granted, onednn_enabled(),
+                                        platform.machine())
+        _CLASSIFIED = replace(found, bf16_class=bf16_class, bf16_reason=why, cpu_model=model,
+                              decided_ms=round((time.perf_counter() - start) * 1e3, 2))
+        _LOG.info("mxamp: CPU bfloat16 class %r (%s), decided in %.1f ms", bf16_class, why,
+                  _CLASSIFIED.decided_ms)
+    return _CLASSIFIED

@@ -20,6 +20,8 @@ FLOAT32 = np.dtype(np.float32)
 
 #: The low-precision targets mxamp supports, by canonical name.
 TARGETS = ("float16", "bfloat16")
+#: A request for the best target of the device (see :mod:`mxamp.devices`).
+AUTO = "auto"
 
 #: MXNet's integer type flags (``mshadow::TypeFlag``) of the float types mxamp deals with.
 TYPE_FLAGS = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 12}
@@ -64,8 +66,23 @@ def normalize(dtype):
     if name not in TARGETS:
         raise ValueError(
             "target_dtype must be float16 or bfloat16 ('float16', 'bfloat16', numpy.float16 or "
-            "MXNet's bfloat16 dtype object), got %r" % (dtype,))
+            "MXNet's bfloat16 dtype object)%s, got %r" % (_AUTO_HINT, dtype))
     return name
+
+
+_AUTO_HINT = (", or 'auto' (float16 on a GPU, bfloat16 where the CPU computes it natively, "
+              "float32 elsewhere)")
+
+
+def normalize_request(dtype):
+    """Like :func:`normalize`, but also accepts ``'auto'`` (returned as ``'auto'``).
+
+    >>> normalize_request('AUTO'), normalize_request(np.float16)
+    ('auto', 'float16')
+    """
+    if isinstance(dtype, str) and dtype.strip().lower() == AUTO:
+        return AUTO
+    return normalize(dtype)
 
 
 def to_mx(name):

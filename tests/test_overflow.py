@@ -132,3 +132,49 @@ def test_finite_checker_reuses_its_plan_only_for_the_same_arrays():
     norm, _ = overflow.global_norm([mx.nd.array([3.0]), mx.nd.array([4.0])])
     report = checker.check([mx.nd.array([3.0]), mx.nd.array([4.0])], squares_for_all=True)
     assert report.sum_squares == [9.0, 16.0] and norm == 5.0
+
+
+# ----- large float32 CPU arrays: the zero-vector probe -----
+PROBE_SHAPES = [(512, 256), (64, 32, 48), (300, 1024)]   # >= LARGE_ARRAY values each
+
+
+@pytest.mark.parametrize("where", ["first", "last", "middle"])
+@pytest.mark.parametrize("bad", [INF, -INF, NAN])
+def test_large_arrays_are_probed_and_every_position_is_caught(where, bad):
+    arrays = [mx.nd.random.uniform(-1, 1, shape=s) for s in PROBE_SHAPES]
+    checker = overflow.FiniteChecker()
+    plan_report = checker.check(arrays)
+    assert not plan_report.has_nonfinite, "random finite arrays flagged"
+    assert set(checker._plans[False].probed) == {0, 1, 2}, "large CPU fp32 arrays are probed"
+    target = arrays[1]
+    flat_index = {"first": 0, "last": target.size - 1, "middle": target.size // 2 + 7}[where]
+    values = target.asnumpy()
+    values.flat[flat_index] = bad
+    target[:] = mx.nd.array(values)
+    report = checker.check(arrays)
+    assert report.has_nonfinite and report.bad_indices == [1], (
+        "%s at the %s value of a probed array: %s" % (bad, where, report))
+    assert report.sum_squares == [None, None, None], "a probe reports no sum of squares"
+
+
+def test_probe_ignores_huge_finite_values_and_takes_float16():
+    huge = mx.nd.ones((512, 256)) * 3e38                    # finite; its square overflows
+    half = mx.nd.array(np.full((512, 256), 60000.0), dtype="float16")
+    assert not overflow.check_finite([huge, half]).has_nonfinite, "finite values flagged"
+    half[3, 4] = float("inf")
+    assert overflow.check_finite([huge, half]).bad_indices == [1]
+
+
+def test_probe_without_onednn_propagates_nan_too():
+    """MXNET_MKLDNN_ENABLED=0: FullyConnected runs on MXNet's own BLAS path."""
+    import subprocess
+    import sys
+    code = ("import mxnet as mx; from mxamp import overflow\n"
+            "a = mx.nd.ones((512, 256)); b = a.copy(); b[7, 9] = float('nan')\n"
+            "c = a.copy(); c[511, 255] = float('-inf')\n"
+            "print(overflow.check_finite([a, b, c]).bad_indices)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=dict(__import__("os").environ,
+                                                MXNET_MKLDNN_ENABLED="0"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[1, 2]", proc.stdout

@@ -1,4 +1,9 @@
-"""amp.init patching: the dtype each op family produces, on NDArray, Symbol, Gluon and mx.np."""
+"""amp.init patching: the dtype each op family produces, on NDArray, Symbol, Gluon and mx.np.
+
+bfloat16's low-precision ops (FullyConnected, Convolution) return ``LOW``: bfloat16 where this
+CPU has bfloat16 kernels, float32 where it has none (class 'none'). The other families are
+checked on explicitly bfloat16 tensors, whose ops have kernels on every CPU.
+"""
 import warnings
 
 import mxnet as mx
@@ -6,12 +11,15 @@ import numpy as np
 import pytest
 from mxnet import autograd, gluon
 
+from bf16_expect import BF16_KERNELS, LOW, where
 from mxamp import amp, patching
 from mxamp.dtypes import BFLOAT16
 
 BF16 = BFLOAT16
 F16 = np.float16
 F32 = np.float32
+
+pytestmark = pytest.mark.cpu_class
 
 
 def _nd(shape, dtype=None):
@@ -28,7 +36,8 @@ def _same(a, b):
 def test_bf16_ndarray_op_families(amp_bf16, seed):
     x, w = _nd((4, 8)), _nd((6, 8))
     y = mx.nd.FullyConnected(x, w, no_bias=True, num_hidden=6)
-    assert y.dtype == BF16, "FullyConnected is low precision for bfloat16, got %s" % y.dtype
+    assert y.dtype == LOW, "FullyConnected gives %s %s, got %s" % (LOW, where(), y.dtype)
+    y = mx.nd.amp_cast(y, dtype=BF16)    # a bfloat16 tensor, whatever the class
     assert mx.nd.relu(y).dtype == BF16, "relu is dtype-neutral: bf16 in, bf16 out"
     assert mx.nd.Flatten(y).dtype == BF16, "Flatten must not force a cast"
     assert (y * 2).dtype == BF16, "scalar arithmetic is dtype-neutral"
@@ -52,7 +61,8 @@ def test_bf16_results_match_fp32(amp_bf16, seed):
 
 def test_bf16_ops_without_bf16_cpu_kernel_still_work(amp_bf16, seed):
     y = mx.nd.FullyConnected(_nd((4, 8)), _nd((8, 8)), no_bias=True, num_hidden=8)
-    assert y.dtype == BF16
+    assert y.dtype == LOW
+    y = mx.nd.amp_cast(y, dtype=BF16)
     d = mx.nd.dot(y, y, transpose_b=True)
     assert d.dtype == F32, "bf16 dot has no CPU kernel: it runs in float32"
     ln = mx.nd.LayerNorm(y, mx.nd.ones((8,)), mx.nd.zeros((8,)))
@@ -131,8 +141,18 @@ def test_symbol_graph_has_memoized_casts(amp_bf16):
     b = mx.sym.log_softmax(net, name="sm2")
     outs = _internals(mx.sym.Group([a, b]))
     casts = [o for o in outs if "amp_cast" in o]
-    # data, fc1_weight, fc1_bias to bf16; act's output to fp32 ONCE for both softmaxes
-    assert len(casts) == 4, "expected 4 casts (3 inputs + 1 shared), got %s" % casts
+    if BF16_KERNELS:
+        # data, fc1_weight, fc1_bias to bf16; act's output to fp32 ONCE for both softmaxes
+        assert len(casts) == 4, "expected 4 casts (3 inputs + 1 shared), got %s" % casts
+    else:
+        assert not casts, "nothing is low precision %s: the graph needs no cast, got %s" % (
+            where(), casts)
+    # a bfloat16 variable feeding two float32 ops is cast once, on every class
+    typed = mx.sym.var("typed", dtype=BF16)
+    act = mx.sym.Activation(typed, act_type="relu", name="act2")
+    outs = _internals(mx.sym.Group([mx.sym.softmax(act), mx.sym.log_softmax(act)]))
+    casts = [o for o in outs if "amp_cast" in o]
+    assert len(casts) == 1, "one shared float32 cast of the bf16 path, got %s" % casts
 
 
 def test_symbol_module_api_keeps_fp32_params(amp_bf16, seed):
@@ -186,8 +206,12 @@ def test_hybridized_resnet_block_has_no_cast_ping_pong(amp_bf16, seed):
     net.initialize(mx.init.Xavier())
     net.hybridize()
     out = net(_nd((2, 3, 16, 16)))
-    assert out.dtype == BF16, "the last Dense runs in bf16"
+    assert out.dtype == LOW, "the last Dense runs in %s %s" % (LOW, where())
     casts = _cast_nodes(net._cached_graph[1])
+    if not BF16_KERNELS:
+        assert not casts, "float32 compute %s: the graph must have no cast, got %s" % (where(),
+                                                                                     casts)
+        return
     to_fp32 = [c for c in casts if c[1] == "float32"]
     assert not to_fp32, "no fp32 cast between bf16 layers, found %s" % to_fp32
     # one cast for the input, one per conv weight (5) and for the dense weight and bias
@@ -201,7 +225,10 @@ def test_init_after_hybridized_block_ran_rebuilds_graph(amp_off, seed):
     x = _nd((2, 3, 16, 16))
     assert net(x).dtype == F32
     amp.init(target_dtype="bfloat16")
-    assert net(x).dtype == BF16, "a block hybridized before amp.init must rebuild with casts"
+    assert net._cached_graph == () and net._cached_op is None, \
+        "amp.init must drop the graph a block built before it"
+    assert net(x).dtype == LOW, "a block hybridized before amp.init must rebuild with casts"
+    assert net._cached_graph, "the block rebuilds its graph at its next call"
 
 
 def test_hybridized_block_with_no_input_ops_and_concat(amp_bf16, seed):
@@ -250,8 +277,10 @@ def test_numpy_interface(amp_bf16, seed):
     a = mx.np.random.uniform(size=(4, 8))
     w = mx.np.random.uniform(size=(6, 8))
     y = mx.npx.fully_connected(a, w, no_bias=True, num_hidden=6)
-    assert y.dtype == BF16, "npx.fully_connected runs in bf16"
+    assert y.dtype == LOW, "npx.fully_connected runs in %s %s" % (LOW, where())
     assert isinstance(y, mx.np.ndarray), "casts keep the numpy array type"
+    from mxamp.casting import cast_ndarray
+    y = cast_ndarray(y, "bfloat16")                 # a bf16 numpy array on every class
     assert mx.npx.relu(y).dtype == BF16
     assert mx.np.exp(y).dtype == F32, "exp runs in float32"
     assert (y + a[:, :6]).dtype == F32, "np add widens mixed inputs"
@@ -266,7 +295,8 @@ def test_numpy_hybridized_block(amp_bf16, seed):
         net.initialize()
         net.hybridize()
         out = net(mx.np.random.uniform(size=(4, 5)))
-        assert out.shape == (4, 3) and out.dtype == BF16, "numpy Gluon Dense runs in bf16"
+        assert out.shape == (4, 3) and out.dtype == LOW, \
+            "numpy Gluon Dense runs in %s %s" % (LOW, where())
     finally:
         mx.npx.reset_np()
 
@@ -306,7 +336,7 @@ def test_user_overrides_apply(amp_off, seed):
     assert y.dtype == F32, "an op moved to fp32_ops runs in float32"
     c = mx.nd.Convolution(_nd((1, 2, 4, 4)), _nd((3, 2, 1, 1)), kernel=(1, 1), num_filter=3,
                           no_bias=True)
-    assert c.dtype == BF16, "ops not named keep their default category"
+    assert c.dtype == LOW, "ops not named keep their default category (%s)" % where()
 
 
 def test_reset_restores_originals_and_reference_flag(amp_off):
@@ -343,7 +373,7 @@ def test_disabled_is_scoped(amp_bf16):
         assert mx.nd.relu(y).dtype == BF16, \
             "dtype-neutral ops (casts, updates) are untouched inside disabled()"
     outer = mx.nd.FullyConnected(x, w, no_bias=True, num_hidden=6)
-    assert inner.dtype == F32 and outer.dtype == BF16
+    assert inner.dtype == F32 and outer.dtype == LOW
 
 
 def test_weight_cast_once_per_recorded_forward(amp_bf16, seed):
@@ -356,6 +386,9 @@ def test_weight_cast_once_per_recorded_forward(amp_bf16, seed):
         cached = len(RECORDING_CASTS)
         loss = mx.nd.sum(h)
     loss.backward()
+    if not BF16_KERNELS:
+        assert cached == 0, "nothing is cast %s, cache held %d" % (where(), cached)
+        return
     assert cached == 2, "x and w are each cast once in one recorded forward, cache held %d" % cached
     assert len(RECORDING_CASTS) == 0, "the cache empties when recording stops"
     grad_cached = w.grad.asnumpy().copy()
@@ -427,3 +460,23 @@ def test_fp16_families_on_symbol_numpy_and_gluon(amp_fp16, seed):
         got = net(data)
     assert got.dtype == F32 and np.allclose(got.asnumpy(), want, atol=1e-6), \
         "fp16 Dense on a CPU must run (in fp32) and give fp32 results"
+
+
+def test_weight_cast_cache_on_every_class(amp_off, seed):
+    """The per-record() cast cache, through an op with a bfloat16 kernel on every CPU."""
+    from mxamp.casting import RECORDING_CASTS
+    amp.init("bfloat16", target_precision_ops=["broadcast_mul"])
+    x, w = _nd((4, 8)), _nd((1, 8))
+    w.attach_grad()
+    with autograd.record():
+        h = mx.nd.broadcast_mul(x, w)
+        h = mx.nd.broadcast_mul(h, w)          # the same weight again: its cast is reused
+        cached = len(RECORDING_CASTS)
+        loss = mx.nd.sum(mx.nd.amp_cast(h, dtype=F32))
+    loss.backward()
+    assert h.dtype == BF16, "an op with a bf16 kernel on every class runs in bf16"
+    assert cached == 2, "x and w are each cast once in one recorded forward, cache held %d" % cached
+    assert len(RECORDING_CASTS) == 0, "the cache empties when recording stops"
+    want = (x.asnumpy() ** 1 * 2 * w.asnumpy()).sum(axis=0, keepdims=True)
+    err = np.abs(w.grad.asnumpy() - want).max() / np.abs(want).max()
+    assert err < 2e-2, "d/dw sum(x*w*w) = sum(2xw) to bf16 precision, err %g" % err

@@ -52,6 +52,18 @@ class OpLists:
     fp32_params: dict
     no_cpu_kernel: frozenset
     reasons: dict = field(default_factory=dict, compare=False)
+    #: CPU bfloat16 class (mxamp.cpu.BF16_CLASSES) -> ops with no kernel for the target there
+    no_kernel_by_cpu_class: dict = field(default_factory=dict)
+
+    def missing_kernels(self, cpu_class):
+        """Ops with no kernel for the target on a CPU of ``cpu_class`` (see ``mxamp.cpu``).
+
+        >>> 'Convolution' in get_op_lists('bfloat16').missing_kernels('none')
+        True
+        >>> get_op_lists('bfloat16').missing_kernels('native')
+        frozenset()
+        """
+        return self.no_kernel_by_cpu_class.get(cpu_class, frozenset())
 
     def category(self, op_name):
         """The category of ``op_name`` (one of :data:`CATEGORIES`), or None if unclassified.
@@ -82,6 +94,21 @@ class OpLists:
         True
         """
         return self.reasons.get(op_name, "")
+
+    def computing_in_fp32(self, ops):
+        """A copy in which ``ops`` leave their category for ``fp32`` (ops a device lacks kernels for).
+
+        >>> lists = get_op_lists('bfloat16').computing_in_fp32({'Convolution', 'BatchNorm'})
+        >>> lists.category('Convolution'), lists.category('BatchNorm')
+        ('fp32', 'fp32')
+        """
+        ops = frozenset(ops) & frozenset(self.all_ops())
+        if not ops:
+            return self
+        return replace(self, low_precision=self.low_precision - ops, fp32=self.fp32 | ops,
+                       widest=self.widest - ops, neutral=self.neutral - ops,
+                       conditional_fp32={k: v for k, v in self.conditional_fp32.items()
+                                         if k not in ops})
 
     def with_overrides(self, target_precision_ops=None, conditional_fp32_ops=None,
                        fp32_ops=None, known_ops=None, canonical=None):
@@ -186,6 +213,7 @@ def get_op_lists(target):
         for table in ("LOW_PRECISION", "FP32", "WIDEST", "NEUTRAL"):
             reasons.update({k: v for k, v in getattr(data, table).items() if v})
         reasons.update({k: v[2] for k, v in data.CONDITIONAL_FP32.items() if v[2]})
+        by_class = {cls: frozenset(ops) for cls, ops in data.NO_KERNEL_BY_CPU_CLASS.items()}
         _CACHE[target] = OpLists(
             target=target,
             low_precision=frozenset(data.LOW_PRECISION),
@@ -197,5 +225,6 @@ def get_op_lists(target):
             fp32_params={k: tuple(v) for k, v in data.FP32_PARAMS.items()},
             no_cpu_kernel=frozenset(data.NO_CPU_KERNEL),
             reasons=reasons,
+            no_kernel_by_cpu_class=by_class,
         )
     return _CACHE[target]

@@ -474,3 +474,29 @@ FP32_PARAMS = {
 
 # Every LOW_PRECISION op above has a bfloat16 CPU kernel (that is why it is listed).
 NO_CPU_KERNEL = {}
+
+# Ops with no bfloat16 kernel on CPUs of one bfloat16 class (mxamp.cpu.BF16_CLASSES), found by
+# running ci/probe_bf16_kernels.py on each class. oneDNN 2.4 implements bfloat16 only from
+# avx512_core up, so on a 'none' CPU (AVX2, or oneDNN capped below AVX512_CORE) every oneDNN
+# operator lacks it: "could not create a primitive descriptor iterator". MXNet's own kernels
+# (casts, elementwise, reshapes, Concat, Embedding, ...) run on every class. mxamp computes
+# these ops in float32 there, whatever their category. 'emulated', 'native' and 'amx' CPUs
+# lack nothing.
+R_ONEDNN_NONE = "oneDNN op: no bfloat16 kernel below avx512_core (probe on AVX2: no_kernel)"
+R_ONEDNN_FUSED = ("fused oneDNN op: no bfloat16 kernel below avx512_core (not probed: it "
+                  "exists only in partitioned graphs)")
+NO_KERNEL_BY_CPU_CLASS = {
+    "none": {
+        "Convolution": R_ONEDNN_NONE, "_npx_convolution": R_ONEDNN_NONE,
+        "Deconvolution": R_ONEDNN_NONE, "_npx_deconvolution": R_ONEDNN_NONE,
+        "FullyConnected": R_ONEDNN_NONE, "_npx_fully_connected": R_ONEDNN_NONE,
+        "_sparse_FullyConnected": R_ONEDNN_NONE,
+        "BatchNorm": R_ONEDNN_NONE, "_npx_batch_norm": R_ONEDNN_NONE,
+        "_contrib_BatchNormWithReLU": R_ONEDNN_NONE,
+        "Pooling": R_ONEDNN_NONE, "_npx_pooling": R_ONEDNN_NONE,
+        "Activation": R_ONEDNN_NONE, "_npx_activation": R_ONEDNN_NONE,
+        "LeakyReLU": R_ONEDNN_NONE, "_npx_leaky_relu": R_ONEDNN_NONE,
+        "_sg_mkldnn_conv": R_ONEDNN_FUSED, "_sg_mkldnn_fully_connected": R_ONEDNN_FUSED,
+        "_sg_mkldnn_selfatt_qk": R_ONEDNN_FUSED, "_sg_mkldnn_selfatt_valatt": R_ONEDNN_FUSED,
+    },
+}

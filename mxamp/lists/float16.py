@@ -477,3 +477,7 @@ NO_CPU_KERNEL = {
     "_contrib_interleaved_matmul_selfatt_valatt": "", "_contrib_interleaved_matmul_encdec_qk": "",
     "_contrib_interleaved_matmul_encdec_valatt": "",
 }
+
+# float16 has no per-CPU-class differences: on every CPU mxamp computes it in float32 (see
+# mxamp.devices: MXNet has no float16 GEMM/convolution CPU kernels, NO_CPU_KERNEL above).
+NO_KERNEL_BY_CPU_CLASS = {}

@@ -1,0 +1,259 @@
+"""What each device computes for a low-precision request: the plan behind every AMP entry point.
+
+MXNet runs an operator in low precision only where it has a kernel for it, and low precision
+only pays where the hardware computes it. :func:`plan` turns a request (``'float16'``,
+``'bfloat16'`` or ``'auto'``) and a device (``'gpu'``, or this CPU's bfloat16 class from
+:mod:`mxamp.cpu`) into a :class:`DevicePlan`: which op lists apply, which ops compute in float32
+there whatever their list says, and whether anything runs in low precision at all.
+
+============ ========== ==================== ====================== =======================
+request      GPU        CPU ``amx``/``native`` CPU ``emulated``     CPU ``none``
+============ ========== ==================== ====================== =======================
+'float16'    float16    float32 (no float16 CPU GEMM/convolution kernels; GPU scripts run)
+'bfloat16'   bfloat16   bfloat16             bfloat16, slower       float32: no kernels
+'auto'       float16    bfloat16             float32                float32
+============ ========== ==================== ====================== =======================
+
+Where a plan computes in float32, AMP stays on: ``amp.init_trainer``'s scaler still skips
+steps with non-finite gradients, and a model behaves, bit for bit, as in float32.
+
+>>> from mxamp import devices
+>>> from mxamp.lists import get_op_lists
+>>> devices.plan('bfloat16', get_op_lists('bfloat16'), 'none').compute
+'float32'
+>>> devices.plan('auto', get_op_lists('bfloat16'), 'amx').compute
+'bfloat16'
+"""
+import threading
+import warnings
+from dataclasses import dataclass
+
+from . import dtypes
+from .cpu import BF16_CLASSES, NATIVE_CLASSES, cpu_features
+from .opfuncs import gpu_available
+
+#: The device name of CUDA GPUs (CPUs are named by their bfloat16 class).
+GPU = "gpu"
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """What one low-precision request computes on one device.
+
+    >>> from mxamp.lists import get_op_lists
+    >>> p = plan('float16', get_op_lists('float16'), 'emulated')
+    >>> p.low_precision, 'FullyConnected' in p.fp32_ops
+    (False, True)
+    """
+
+    requested: str               #: 'float16', 'bfloat16' or 'auto'
+    target: str                  #: the op lists in force: 'float16' or 'bfloat16'
+    device: str                  #: 'gpu' or a CPU bfloat16 class
+    compute: str                 #: what the low-precision ops compute in here: target or 'float32'
+    fp32_ops: frozenset          #: ops computed in float32 here whatever their category
+    reason: str                  #: why low precision is off or slower here ('' when neither)
+
+    @property
+    def low_precision(self):
+        """True when some op computes in the target dtype on this device."""
+        return self.compute != "float32"
+
+    def summary(self):
+        """What runs, in a few words: for tables and reports.
+
+        >>> from mxamp.lists import get_op_lists
+        >>> plan('bfloat16', get_op_lists('bfloat16'), 'none').summary()
+        'bfloat16 requested; float32 compute: this CPU has no bfloat16 kernels'
+        >>> plan('bfloat16', get_op_lists('bfloat16'), 'amx').summary()
+        'bfloat16 compute (AMX)'
+        """
+        if not self.low_precision:
+            return "%s requested; float32 compute: %s" % (self.requested, self.reason)
+        how = {"amx": " (AMX)", "native": " (AVX512-BF16)", "gpu": " (GPU)"}.get(self.device, "")
+        if self.device == "emulated":
+            how = ", emulated by oneDNN: slower than float32"
+        return "%s compute%s" % (self.compute, how)
+
+    def describe(self):
+        """One line for logs: the request, the device and what runs.
+
+        >>> from mxamp.lists import get_op_lists
+        >>> plan('auto', get_op_lists('bfloat16'), 'native').describe()
+        "target_dtype='auto' on a CPU of class 'native': bfloat16 compute (AVX512-BF16)"
+        """
+        where = "a GPU" if self.device == GPU else "a CPU of class %r" % self.device
+        what = self.summary()
+        if not self.low_precision:
+            what = "float32 compute (%s)" % self.reason
+        return "target_dtype=%r on %s: %s" % (self.requested, where, what)
+
+
+def is_cpu(ctx):
+    """True for CPU contexts (``cpu``, ``cpu_pinned``, ``cpu_shared``).
+
+    >>> import mxnet as mx
+    >>> is_cpu(mx.cpu()), is_cpu(mx.gpu(0))
+    (True, False)
+    """
+    return ctx.device_type.startswith("cpu")
+
+
+def cpu_class():
+    """This CPU's bfloat16 class (``mxamp.cpu.BF16_CLASSES``), decided once per process.
+
+    >>> cpu_class() in BF16_CLASSES
+    True
+    """
+    return cpu_features().bf16_class
+
+
+def device_of(ctx):
+    """``'gpu'`` for a GPU context, this CPU's bfloat16 class for a CPU context.
+
+    >>> import mxnet as mx
+    >>> device_of(mx.cpu()) == cpu_class()
+    True
+    """
+    return cpu_class() if is_cpu(ctx) else GPU
+
+
+def symbol_device():
+    """Where graphs built now will run: the GPU when the process has one, else this CPU.
+
+    >>> symbol_device() in BF16_CLASSES + (GPU,)
+    True
+    """
+    return GPU if gpu_available() else cpu_class()
+
+
+def target_for(requested, device):
+    """The op lists a request uses on a device: 'auto' is float16 on a GPU, else bfloat16.
+
+    >>> target_for('auto', 'gpu'), target_for('auto', 'emulated'), target_for('float16', 'none')
+    ('float16', 'bfloat16', 'float16')
+    """
+    if requested != dtypes.AUTO:
+        return requested
+    return "float16" if device == GPU else "bfloat16"
+
+
+_WHY_FLOAT32 = {
+    "float16": "float16 is computed on GPUs only: MXNet has no float16 GEMM or convolution "
+               "CPU kernel",
+    "none": "this CPU has no bfloat16 kernels",
+    "emulated": "this CPU only emulates bfloat16, slower than float32",
+}
+
+
+def plan(requested, lists, device):
+    """The :class:`DevicePlan` of ``requested`` with ``lists`` (its target's op lists) on ``device``.
+
+    >>> from mxamp.lists import get_op_lists
+    >>> p = plan('bfloat16', get_op_lists('bfloat16'), 'none')
+    >>> p.compute, sorted(p.fp32_ops)[:3]
+    ('float32', ['Activation', 'BatchNorm', 'Convolution'])
+    """
+    if device != GPU and device not in BF16_CLASSES:
+        raise ValueError("device must be %r or a CPU class %s, got %r" % (GPU, BF16_CLASSES,
+                                                                          device))
+    low = frozenset(lists.low_precision)
+    if device == GPU:
+        fp32_ops, reason = frozenset(), ""
+    elif lists.target == "float16":
+        fp32_ops, reason = low, _WHY_FLOAT32["float16"]
+    else:
+        fp32_ops = frozenset(lists.missing_kernels(device))
+        reason = _WHY_FLOAT32.get(device, "")
+        if requested == dtypes.AUTO and device not in NATIVE_CLASSES:
+            fp32_ops |= low
+    compute = lists.target if low - fp32_ops else "float32"
+    if compute != "float32" and device != "emulated":
+        reason = ""
+    return DevicePlan(requested=requested, target=lists.target, device=device, compute=compute,
+                      fp32_ops=fp32_ops, reason=reason)
+
+
+def precision_plan(target_dtype="auto", ctx=None):
+    """What AMP computes for ``target_dtype`` on ``ctx`` (default: a GPU if the process has one,
+    else this CPU), as a :class:`DevicePlan`: nothing is changed, nothing is run.
+
+    >>> p = precision_plan('bfloat16')                        # amp.precision_plan
+    >>> p.compute in ('bfloat16', 'float32'), p.summary().startswith(('bfloat16', 'float'))
+    (True, True)
+    """
+    from .lists import get_op_lists  # pylint: disable=import-outside-toplevel
+    requested = dtypes.normalize_request(target_dtype)
+    device = symbol_device() if ctx is None else device_of(ctx)
+    return plan(requested, get_op_lists(target_for(requested, device)), device)
+
+
+# --------------------------------------------------------------------------------- notices
+_NOTICES_LOCK = threading.Lock()
+_NOTICES_GIVEN = set()   # texts already shown in this process
+
+
+def cpu_notice(device_plan):
+    """The warning a bfloat16 plan on this CPU deserves, or '' (native/AMX, GPU, 'auto').
+
+    Every speed claim is the one true for the class it names.
+
+    >>> from mxamp.lists import get_op_lists
+    >>> 'no bfloat16 kernels' in cpu_notice(plan('bfloat16', get_op_lists('bfloat16'), 'none'))
+    True
+    >>> cpu_notice(plan('auto', get_op_lists('bfloat16'), 'none'))
+    ''
+    """
+    p = device_plan
+    if p.device == GPU or p.target != "bfloat16" or p.requested == dtypes.AUTO:
+        return ""
+    why = cpu_features().bf16_reason if p.device == cpu_class() else ""
+    if p.device == "none":
+        return ("mxamp: bfloat16 requested, but this CPU has no bfloat16 kernels (CPU class "
+                "'none'%s). mxamp computes the ops that lack one (%s) in float32 with their "
+                "inputs cast, so nothing is faster than float32 here: amp.init and "
+                "convert_hybrid_block give float32's results, cast_model keeps bfloat16 "
+                "parameters with float32 compute. AMP stays on (the loss scaler still skips "
+                "non-finite steps). target_dtype='auto' picks float32 here without this warning."
+                % (": " + why if why else "", op_summary(p.fp32_ops)))
+    if p.device == "emulated":
+        return ("mxamp: this CPU emulates bfloat16 (CPU class 'emulated'%s): bfloat16 runs "
+                "correctly but SLOWER than float32 here (2-5x for GEMMs and convolutions, "
+                "measured on a Cascade Lake Xeon). target_dtype='auto' computes in float32 on "
+                "this CPU." % (": " + why if why else ""))
+    return ""
+
+
+def op_summary(ops):
+    """Op names for a message: the public names, leaving out ``_npx_``/``_sg_`` aliases.
+
+    >>> op_summary({'Convolution', '_npx_convolution', 'BatchNorm'})
+    'BatchNorm, Convolution'
+    """
+    main = sorted(o for o in ops if not o.startswith("_"))
+    return ", ".join(main) if main else ", ".join(sorted(ops))
+
+
+def warn_once(text, category=RuntimeWarning, stacklevel=3):
+    """Issue ``text`` as a warning the first time this process asks for it; True if issued.
+
+    >>> warn_once('')
+    False
+    """
+    if not text:
+        return False
+    with _NOTICES_LOCK:
+        if text in _NOTICES_GIVEN:
+            return False
+        _NOTICES_GIVEN.add(text)
+    warnings.warn(text, category, stacklevel=stacklevel)
+    return True
+
+
+def notices_given():
+    """The warnings :func:`warn_once` has issued in this process (for tests and reports).
+
+    >>> isinstance(notices_given(), frozenset)
+    True
+    """
+    with _NOTICES_LOCK:
+        return frozenset(_NOTICES_GIVEN)

@@ -1,0 +1,360 @@
+"""Every CPU class: the precision plans, the one warning, 'auto', no crash for want of a kernel,
+and bit-identical float32 training wherever nothing can run in low precision.
+
+The plan table is checked for every (request, device) pair on any machine. The rest runs on
+this machine and asserts what is right for its bfloat16 class (``bf16_expect``); the
+training-identity cases each run in fresh interpreters, since ``amp.init`` patches a process.
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from bf16_expect import BF16_KERNELS, CPU_CLASS, LOW, NO_KERNELS_WARNING, where
+from mxamp import amp, devices, dtypes
+from mxamp.lists import get_op_lists
+
+pytestmark = pytest.mark.cpu_class
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BF16, F32 = dtypes.BFLOAT16, np.dtype(np.float32)
+NATIVE = CPU_CLASS in ("native", "amx")
+
+
+# ------------------------------------------------------------------ the plan, any machine
+@pytest.mark.parametrize("requested, device, compute", [
+    ("float16", "gpu", "float16"), ("bfloat16", "gpu", "bfloat16"), ("auto", "gpu", "float16"),
+    ("float16", "amx", "float32"), ("float16", "none", "float32"),
+    ("bfloat16", "amx", "bfloat16"), ("bfloat16", "native", "bfloat16"),
+    ("bfloat16", "emulated", "bfloat16"), ("bfloat16", "none", "float32"),
+    ("auto", "amx", "bfloat16"), ("auto", "native", "bfloat16"),
+    ("auto", "emulated", "float32"), ("auto", "none", "float32"),
+])
+def test_plan_table(requested, device, compute):
+    lists = get_op_lists(devices.target_for(requested, device))
+    plan = devices.plan(requested, lists, device)
+    assert plan.compute == compute, plan.describe()
+    assert plan.low_precision == (compute != "float32")
+    if compute == "float32":
+        assert plan.reason and plan.reason in plan.summary(), "say why: %s" % plan.summary()
+        assert lists.low_precision <= plan.fp32_ops, "no low-precision op may remain"
+    if device == "none" and lists.target == "bfloat16":
+        assert lists.missing_kernels("none") <= plan.fp32_ops, "ops without kernels: float32"
+    if device == "emulated" and compute == "bfloat16":
+        assert "slower than float32" in plan.summary(), "the speed claim must be true here"
+
+
+def test_plan_rejects_unknown_devices_and_requests():
+    with pytest.raises(ValueError, match="device must be 'gpu' or a CPU class"):
+        devices.plan("bfloat16", get_op_lists("bfloat16"), "tpu")
+    with pytest.raises(ValueError, match="or 'auto'"):
+        amp.precision_plan("int8")
+
+
+def test_speed_claims_are_true_for_their_class():
+    lists = get_op_lists("bfloat16")
+    none = devices.cpu_notice(devices.plan("bfloat16", lists, "none"))
+    emulated = devices.cpu_notice(devices.plan("bfloat16", lists, "emulated"))
+    assert "nothing is faster than float32" in none and "SLOWER" not in none, none
+    assert "SLOWER than float32" in emulated and "no bfloat16 kernels" not in emulated, emulated
+    for cls in ("native", "amx"):
+        assert devices.cpu_notice(devices.plan("bfloat16", lists, cls)) == "", cls
+    assert devices.cpu_notice(devices.plan("auto", lists, "none")) == "", "'auto' never warns"
+
+
+def test_precision_plan_here():
+    plan = amp.precision_plan("bfloat16", mx.cpu())
+    assert plan.device == CPU_CLASS and plan.compute == dtypes.name_of(LOW), plan.describe()
+    auto = amp.precision_plan("auto", mx.cpu())
+    assert auto.compute == ("bfloat16" if NATIVE else "float32"), auto.describe()
+    assert amp.precision_plan("float16", mx.cpu()).compute == "float32"
+
+
+# ------------------------------------------------------------------ amp.init on this CPU
+def test_init_reports_the_plan_of_this_cpu(amp_bf16):
+    state = amp.patch_state()
+    assert state["cpu_class"] == CPU_CLASS and state["requested_dtype"] == "bfloat16"
+    assert state["cpu_compute"] == dtypes.name_of(LOW), state["cpu_plan"]
+    missing = get_op_lists("bfloat16").missing_kernels(CPU_CLASS)
+    assert set(state["cpu_fp32_ops"]) >= {o for o in missing if o in
+                                           amp.op_lists().all_ops()}, state["cpu_fp32_ops"]
+
+
+def test_init_auto(amp_off, caplog):
+    with caplog.at_level("INFO", logger="mxamp"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            amp.init("auto")
+    assert not [w for w in caught if "mxamp" in str(w.message)], "'auto' gives no warning"
+    state = amp.patch_state()
+    assert state["requested_dtype"] == "auto" and state["target_dtype"] == "bfloat16"
+    assert state["cpu_compute"] == ("bfloat16" if NATIVE else "float32"), state["cpu_plan"]
+    lines = [r.getMessage() for r in caplog.records if "target_dtype='auto'" in r.getMessage()]
+    assert len(lines) == 1, "one log line says what 'auto' chose: %s" % lines
+    y = mx.nd.FullyConnected(mx.nd.ones((2, 4)), mx.nd.ones((3, 4)), no_bias=True, num_hidden=3)
+    assert y.dtype == (BF16 if NATIVE else F32), "'auto' computes %s" % state["cpu_compute"]
+    with pytest.raises(RuntimeError, match="already called"):
+        amp.init("bfloat16")
+    assert amp.patch_state()["requested_dtype"] == "auto", "a refused init keeps the first"
+
+
+def test_init_float16_keeps_every_op_fp32_on_a_cpu(amp_fp16):
+    a = mx.np.ones((2, 3))
+    out = mx.np.einsum("ij,kj->ik", a, a)
+    assert out.dtype == F32, "einsum has a float16 CPU kernel, yet float16 is a GPU type"
+    assert amp.patch_state()["cpu_compute"] == "float32"
+
+
+# ------------------------------------------------------------------ no crash, any interface
+def _rounded(shape, seed):
+    rng = np.random.RandomState(seed)
+    x = mx.nd.array(rng.uniform(-1, 1, shape).astype(np.float32))
+    return mx.nd.amp_cast(mx.nd.amp_cast(x, dtype=BF16), dtype="float32")   # bf16-exact
+
+
+KERNEL_CASES = {   # op -> (function, inputs); the ops oneDNN lacks on a 'none' CPU
+    "Convolution": (lambda x, w: mx.nd.Convolution(x, w, kernel=(3, 3), num_filter=4,
+                                                   no_bias=True), [(2, 3, 6, 6), (4, 3, 3, 3)]),
+    "Deconvolution": (lambda x, w: mx.nd.Deconvolution(x, w, kernel=(3, 3), num_filter=4,
+                                                       no_bias=True), [(2, 3, 6, 6), (3, 4, 3, 3)]),
+    "FullyConnected": (lambda x, w: mx.nd.FullyConnected(x, w, no_bias=True, num_hidden=5),
+                       [(4, 8), (5, 8)]),
+    "BatchNorm": (lambda x: mx.nd.BatchNorm(x, mx.nd.ones((3,)), mx.nd.zeros((3,)),
+                                            mx.nd.zeros((3,)), mx.nd.ones((3,)),
+                                            use_global_stats=True), [(2, 3, 4, 4)]),
+    "_contrib_BatchNormWithReLU": (lambda x: mx.nd.contrib.BatchNormWithReLU(
+        x, mx.nd.ones((3,)), mx.nd.zeros((3,)), mx.nd.zeros((3,)), mx.nd.ones((3,)),
+        use_global_stats=True), [(2, 3, 4, 4)]),
+    "Pooling": (lambda x: mx.nd.Pooling(x, kernel=(2, 2), stride=(2, 2), pool_type="max"),
+                [(2, 3, 4, 4)]),
+    "Activation": (lambda x: mx.nd.Activation(x, act_type="relu"), [(2, 3, 4, 4)]),
+    "LeakyReLU": (lambda x: mx.nd.LeakyReLU(x, act_type="leaky", slope=0.1), [(2, 3, 4, 4)]),
+}
+
+
+@pytest.mark.parametrize("op", sorted(KERNEL_CASES))
+def test_bf16_inputs_to_ops_without_kernels_do_not_crash(amp_bf16, op):
+    fn, shapes = KERNEL_CASES[op]
+    inputs = [_rounded(s, i) for i, s in enumerate(shapes)]
+    with amp.disabled():
+        want = fn(*inputs).asnumpy()
+    out = fn(*[mx.nd.amp_cast(a, dtype=BF16) for a in inputs])   # explicitly bf16 tensors
+    got = mx.nd.amp_cast(out, dtype="float32").asnumpy()
+    if op in get_op_lists("bfloat16").missing_kernels(CPU_CLASS):
+        assert out.dtype == F32, "%s has no bf16 kernel %s: it must compute in float32" % (
+            op, where())
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6,
+                                   err_msg="%s in float32 on bf16-exact inputs" % op)
+    else:
+        err = np.abs(got - want).max() / max(1.0, np.abs(want).max())
+        assert err < 2 ** -6, "%s on bf16 input is %g off float32 %s" % (op, err, where())
+
+
+def test_bf16_symbols_and_numpy_interface_do_not_crash(amp_bf16, seed):
+    class Block(mx.gluon.HybridBlock):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
+                self.conv = mx.gluon.nn.Conv2D(4, 3, in_channels=3)
+                self.bn = mx.gluon.nn.BatchNorm(in_channels=4)
+
+        def hybrid_forward(self, F, x):
+            x = F.amp_cast(x, dtype=BF16)                     # a bf16 tensor in the graph
+            y = F.Pooling(self.bn(self.conv(x)), kernel=(2, 2), stride=(2, 2), pool_type="avg")
+            return F.Activation(y, act_type="relu")
+
+    block = Block()
+    block.initialize(mx.init.Xavier())
+    block.hybridize(static_alloc=True)
+    out = block(mx.nd.random.uniform(shape=(2, 3, 8, 8)))
+    assert out.dtype == LOW and out.shape == (2, 4, 3, 3), "%s %s" % (out.dtype, where())
+    assert np.isfinite(mx.nd.amp_cast(out, dtype="float32").asnumpy()).all()
+    x = mx.nd.amp_cast(mx.nd.random.uniform(shape=(2, 3, 6, 6)), dtype=BF16).as_np_ndarray()
+    y = mx.npx.activation(mx.npx.pooling(x, kernel=(2, 2), stride=(2, 2), pool_type="max"),
+                          act_type="relu")
+    assert y.dtype == LOW and isinstance(y, mx.np.ndarray), "%s %s" % (y.dtype, where())
+    y.wait_to_read()
+
+
+def test_one_warning_per_process_names_the_class():
+    code = textwrap.dedent("""
+        import json, warnings
+        warnings.simplefilter("always")
+        import mxnet as mx
+        from mxamp import amp
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            amp.init("bfloat16")
+            net = mx.gluon.nn.Dense(3, in_units=4); net.initialize(); net.hybridize()
+            x = mx.nd.ones((2, 4)); net(x)
+            amp.convert_hybrid_block(net, "bfloat16")
+            amp.cast_model(net, "bfloat16")
+            net(x).wait_to_read()
+        print("RESULT " + json.dumps([str(w.message) for w in caught if "mxamp" in str(w.message)]))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found = json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][0][7:])
+    if CPU_CLASS in ("none", "emulated"):
+        assert len(found) == 1, "one warning per process %s, got %s" % (where(), found)
+        assert "CPU class '%s'" % CPU_CLASS in found[0], found[0]
+        if CPU_CLASS == "none":
+            assert found[0].startswith(NO_KERNELS_WARNING), found[0]
+    else:
+        assert not found, "bfloat16 is native here: nothing to warn about, got %s" % found
+
+
+# ------------------------------------------------------------------ O2 and conversion, 'auto'
+def _small_net():
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Conv2D(4, 3), mx.gluon.nn.BatchNorm(), mx.gluon.nn.Activation("relu"),
+            mx.gluon.nn.Dense(3))
+    net.initialize(mx.init.Xavier())
+    return net
+
+
+def test_cast_model_auto_and_bfloat16_on_this_cpu(seed):
+    x = mx.nd.random.uniform(shape=(2, 3, 6, 6))
+    auto = _small_net()
+    want = auto(x).asnumpy()
+    amp.cast_model(auto, "auto")
+    if NATIVE:
+        assert dtypes.name_of(auto[0].weight.dtype) == "bfloat16"
+    else:
+        assert all(dtypes.name_of(p.dtype) == "float32" for p in auto.collect_params().values()), \
+            "'auto' leaves the model float32 %s" % where()
+        assert np.array_equal(auto(x).asnumpy(), want), "'auto' model must be float32's exactly"
+    storage = _small_net()
+    storage(x)
+    amp.cast_model(storage, "bfloat16")
+    assert dtypes.name_of(storage[0].weight.dtype) == "bfloat16", "bf16 storage on every class"
+    out = storage(x)
+    assert out.dtype == F32 and np.isfinite(out.asnumpy()).all()
+
+
+def test_convert_hybrid_block_auto(seed):
+    net = _small_net()
+    net.hybridize()
+    x = mx.nd.random.uniform(shape=(2, 3, 6, 6))
+    want = net(x).asnumpy()
+    from mxamp.precision_pass import cast_nodes
+    lp = amp.convert_hybrid_block(net, "auto")
+    out = lp(x).asnumpy()
+    casts = cast_nodes(lp._cached_graph[1])
+    assert bool(casts) == NATIVE, "'auto' converts only for a native-bf16 CPU (%s)" % where()
+    if not NATIVE:
+        assert np.array_equal(out, want), "'auto' on %s must give float32's outputs" % CPU_CLASS
+
+
+# ------------------------------------------------------------------ bit-identical float32
+TRAIN = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import mxnet as mx
+    from mxnet import autograd, gluon
+    from mxnet.gluon import nn
+    mode, out = sys.argv[1], sys.argv[2]
+    if mode != "fp32":
+        from mxamp import amp
+        amp.init(target_dtype=mode)
+    mx.random.seed(1); np.random.seed(1)
+    net = nn.HybridSequential()
+    net.add(nn.Conv2D(8, 3, padding=1), nn.BatchNorm(), nn.Activation("relu"),
+            nn.Conv2D(8, 3, padding=1), nn.BatchNorm(), nn.Activation("softrelu"),
+            nn.MaxPool2D(2), nn.Dense(16, activation="relu"), nn.Dense(10))
+    net.initialize(mx.init.Xavier())
+    net.hybridize(static_alloc=True, static_shape=True)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9},
+                            update_on_kvstore=False)
+    if mode != "fp32":
+        amp.init_trainer(trainer)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    rng = np.random.RandomState(0)
+    for step in range(5):
+        x = mx.nd.array(rng.randn(8, 3, 8, 8)); y = mx.nd.array(rng.randint(0, 10, 8))
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+            if mode == "fp32":
+                autograd.backward(loss)
+            else:
+                with amp.scale_loss(loss, trainer) as scaled:
+                    autograd.backward(scaled)
+        trainer.step(8)
+    np.savez(out, **{k: v.data().astype("float32").asnumpy()
+                     for k, v in net.collect_params().items()})
+""")
+
+SSD_STEP = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import mxnet as mx
+    import gluoncv
+    mode, out = sys.argv[1], sys.argv[2]
+    if mode != "fp32":
+        from mxamp import amp
+        amp.init(target_dtype=mode)
+    mx.random.seed(1); np.random.seed(1)
+    net = gluoncv.model_zoo.get_model("ssd_512_mobilenet1.0_voc", pretrained=False,
+                                      pretrained_base=False)
+    net.initialize()
+    net.hybridize(static_alloc=True, static_shape=True)
+    x = mx.nd.array(np.random.RandomState(0).randn(1, 3, 512, 512))
+    with mx.autograd.record():
+        cls, box, _ = net(x)
+        loss = (cls * cls).mean() + (box * box).mean()
+    loss.backward()
+    np.savez(out, **{k: v.grad().asnumpy() for k, v in net.collect_params().items()
+                     if v.grad_req != "null"})
+""")
+
+#: Requests under which nothing can run in low precision on this CPU.
+FLOAT32_HERE = ["float16"] + (["bfloat16"] if not BF16_KERNELS else []) + \
+    (["auto"] if not NATIVE else [])
+MODES = ["float16", "bfloat16", "auto"]
+
+
+def _arrays(script, mode, tmp_path):
+    out = str(tmp_path / ("%s.npz" % mode))
+    proc = subprocess.run([sys.executable, "-c", script, mode, out], capture_output=True,
+                          text=True, timeout=600, cwd=ROOT,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, "%s run failed:\n%s" % (mode, proc.stderr[-3000:])
+    with np.load(out) as data:
+        return {k: data[k] for k in data.files}
+
+
+def _assert_identical_where_nothing_is_low(base, runs, what):
+    for mode, arrays in runs.items():
+        differ = sorted(k for k in base if not np.array_equal(base[k], arrays[k]))
+        if mode in FLOAT32_HERE:
+            assert not differ, "%s: amp.init(%r) %s computes in float32, yet %d of %d arrays " \
+                "differ from plain float32: %s" % (what, mode, where(), len(differ), len(base),
+                                                   differ[:5])
+        else:
+            assert differ, "%s: amp.init(%r) %s computes in bfloat16/float16, yet nothing " \
+                "changed" % (what, mode, where())
+            worst = max(float(np.abs(base[k] - arrays[k]).max() / (np.abs(base[k]).max() + 1e-12))
+                        for k in differ)
+            assert worst < 0.1, "%s: %r drifted %.3f from float32" % (what, mode, worst)
+
+
+def test_training_is_bit_identical_to_float32_where_nothing_is_low(tmp_path):
+    """A hybridized (static_alloc) Conv-BN-Act(relu, softrelu)-Pool-Dense net, 5 SGD steps."""
+    base = _arrays(TRAIN, "fp32", tmp_path)
+    runs = {mode: _arrays(TRAIN, mode, tmp_path) for mode in MODES}
+    _assert_identical_where_nothing_is_low(base, runs, "5 training steps")
+
+
+def test_gluoncv_ssd_first_step_is_bit_identical_where_nothing_is_low(tmp_path):
+    pytest.importorskip("gluoncv", reason="install the gluoncv extra: pip install -e '.[gluoncv]'")
+    base = _arrays(SSD_STEP, "fp32", tmp_path)
+    assert len(base) == 129, "ssd_512_mobilenet1.0_voc has 129 trainable parameters"
+    runs = {mode: _arrays(SSD_STEP, mode, tmp_path) for mode in FLOAT32_HERE}
+    _assert_identical_where_nothing_is_low(base, runs, "SSD first-step gradients")

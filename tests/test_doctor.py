@@ -1,0 +1,55 @@
+"""``python -m mxamp.doctor``: the report a user reads, checked against this machine's class."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bf16_expect import BF16_KERNELS, CPU_CLASS, where
+
+pytestmark = pytest.mark.cpu_class
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def doctor(*args):
+    return subprocess.run([sys.executable, "-m", "mxamp.doctor", *args], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)
+
+
+def test_json_facts_agree_with_onednn_and_time_what_runs():
+    proc = doctor("--json", "--seconds", "0.05")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    facts = json.loads(proc.stdout)
+    assert facts["cpu"]["bf16_class"] == CPU_CLASS, facts["cpu"]
+    assert facts["consistent"] is True, "the class must match what oneDNN did: %s" % (
+        facts["onednn"],)
+    assert (facts["onednn"]["gemm"] == "runs") == BF16_KERNELS, facts["onednn"]
+    assert facts["onednn"]["isa"] not in ("", "unknown"), "oneDNN's ISA line was not read"
+    for workload, row in facts["timing"].items():
+        assert row["float32"] > 0, (workload, row)
+        assert ("bfloat16" in row) == BF16_KERNELS, "bf16 is timed exactly where it runs %s: " \
+            "%s" % (where(), row)
+    assert len(facts["timing"]) == 2, "one GEMM and one convolution: %s" % facts["timing"]
+    plans = facts["plans"]
+    assert plans["cpu/float16"]["compute"] == "float32", "float16 never computes on a CPU"
+    assert plans["cpu/bfloat16"]["compute"] == ("bfloat16" if BF16_KERNELS else "float32")
+    assert plans["cpu/auto"]["compute"] == ("bfloat16" if CPU_CLASS in ("native", "amx")
+                                            else "float32"), plans["cpu/auto"]
+
+
+def test_text_report_names_the_class_and_what_init_does():
+    proc = doctor("--no-timing")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "bfloat16 class: %s" % CPU_CLASS in out, out
+    assert "oneDNN reports:" in out and "What amp.init(target_dtype=...) computes here:" in out
+    assert "Timing" not in out, "--no-timing must skip the timing"
+    if not BF16_KERNELS:
+        assert "bfloat16 requested; float32 compute: this CPU has no bfloat16 kernels" in out, out
+
+
+def test_bad_arguments_are_refused():
+    proc = doctor("--seconds", "0")
+    assert proc.returncode == 2 and "--seconds must be positive" in proc.stderr, proc.stderr
