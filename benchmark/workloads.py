@@ -23,6 +23,11 @@ class Workload:
     quick_shape: Tuple[int, ...]  # the --quick batch: same model, tiny batch
 
 
+#: The amp.init timings (no model): workload name -> target_dtype of the timed first init.
+INIT_TARGETS = {"amp_init": "bfloat16", "amp_init_fp16": "float16"}
+#: What issue #11 asks of mxamp's first amp.init, in milliseconds (2 cores).
+INIT_LIMIT_MS = 20.0
+
 WORKLOADS = {w.name: w for w in [
     Workload("mlp_train", "MLP 6xDense(2048)+Dense(10) train, batch 512x1024", "train", "mlp",
              (512, 1024), 10, (32, 1024)),

@@ -29,7 +29,8 @@ SECTIONS = [
      ["mxamp.amp.init_trainer", "mxamp.amp.scale_loss", "mxamp.amp.unscale",
       "mxamp.amp.loss_scaler", "mxamp.trainer.loss_scaler",
       "mxamp.amp.global_norm_and_overflow", "mxamp.trainer.global_norm_and_overflow",
-      "mxamp.trainer_scaler.TrainerScaler", "mxamp.scaler.LossScaler"]),
+      "mxamp.trainer_scaler.TrainerScaler", "mxamp.trainer.TrainerConfig",
+      "mxamp.scaler.LossScaler", "mxamp.scaler.ScalerConfig"]),
     ("Whole-model low precision (O2)", "Cast a model's parameters; train with fp32 master "
      "weights.",
      ["mxamp.amp.cast_model", "mxamp.o2.cast_model"]),
@@ -41,7 +42,10 @@ SECTIONS = [
      ["mxamp.amp.list_lp16_ops", "mxamp.amp.list_fp32_ops", "mxamp.amp.list_lp16_fp32_ops",
       "mxamp.amp.list_conditional_fp32_ops", "mxamp.amp.list_widest_type_cast",
       "mxamp.amp.list_loss_output_functions", "mxamp.amp.list_lp16_use_fp32_params",
-      "mxamp.amp.list_fp16_ops", "mxamp.amp.list_fp16_fp32_ops"]),
+      "mxamp.amp.list_fp16_ops", "mxamp.amp.list_fp16_fp32_ops", "mxamp.opfuncs.lists_for",
+      "mxamp.opfuncs.check_op_names", "mxamp.lists.reference_view.apply_edits"]),
+    ("Errors", "The one exception type of a bad argument.",
+     ["mxamp.errors.AmpArgumentError"]),
     ("CPUs, devices and precision plans", "The bfloat16 class of this CPU, what each request "
      "computes where, AMX enablement; `python -m mxamp.doctor` prints it all.",
      ["mxamp.amp.cpu_features", "mxamp.cpu.cpu_features", "mxamp.cpu.classify_bf16",

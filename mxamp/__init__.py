@@ -36,5 +36,10 @@ except ImportError as _err:  # pragma: no cover - exercised in a subprocess test
 from . import amp  # noqa: E402
 from .amp import *  # noqa: E402,F401,F403
 from .amp import __all__ as _amp_all  # noqa: E402
+from . import patching as _patching  # noqa: E402
+
+# The facts amp.init needs (MXNet's generated operator functions, the op lists), computed once
+# here so that amp.init itself takes a few milliseconds.
+_patching.prepare()
 
 __all__ = ["amp", "__version__"] + list(_amp_all)

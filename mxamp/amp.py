@@ -8,13 +8,14 @@ working. What each function does lives in its own module; this one only gathers 
 >>> 'FullyConnected' in amp.list_lp16_ops('bfloat16')
 True
 """
-from . import dtypes
+from . import dtypes, lists
 from .convert import (convert_bucketing_module, convert_hybrid_block, convert_model,
                       convert_symbol)
 from .compare import accuracy_report
 from .cpu import cpu_features
 from .devices import precision_plan
-from .lists import get_op_lists
+from .lists import symbol_bf16, symbol_fp16  # noqa: F401  (amp.lists.symbol_fp16, ...)
+from .opfuncs import lists_for
 from .o2 import cast_model
 from .patching import disabled, init, is_initialized, op_lists, patch_state, reset, target_dtype
 from . import loss_outputs  # noqa: F401  (registers the op that scales loss-output gradients)
@@ -32,7 +33,7 @@ __all__ = [
 
 
 def _lists(target_dtype):
-    return get_op_lists(dtypes.normalize(target_dtype))
+    return lists_for(dtypes.normalize(target_dtype))
 
 
 def list_lp16_ops(target_dtype="float16"):

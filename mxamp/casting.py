@@ -9,18 +9,20 @@ Symbols cannot carry Python attributes (``Symbol`` has ``__slots__``) nor weak r
 :class:`SymbolDtypes` remembers, by object identity, which dtype AMP gave each Symbol it built
 and which casts of it exist already: a Symbol consumed by three float32 ops is cast once.
 
+Their instances, shared by the patched functions, live in :data:`mxamp.state.STATE`.
+
 >>> import mxnet as mx
 >>> from mxamp import casting
->>> casting.cast_ndarray(mx.nd.ones((2,)), 'float16').dtype
+>>> casting.cast(mx.nd.ones((2,)), 'float16').dtype
 <class 'numpy.float16'>
 """
 import collections
 import threading
 
 import mxnet as mx
-import numpy as np
 
 from . import dtypes
+from .mxnet_private import NumpySymbol
 
 # Captured before any patching: mxamp's own casts must never go through wrapped functions.
 _ND_AMP_CAST = mx.nd.amp_cast
@@ -31,17 +33,11 @@ _SYM_AMP_MULTICAST = mx.sym.amp_multicast
 NDArray = mx.nd.NDArray
 NPArray = mx.np.ndarray
 Symbol = mx.sym.Symbol
-NPSymbol = mx.sym.np._Symbol
+NPSymbol = NumpySymbol
 
 # ``NDArray.dtype`` is a numpy scalar type for legacy arrays and a numpy dtype for mx.np arrays;
 # both spellings map to a canonical name without the cost of ``np.dtype()`` on every call.
-_DTYPE_NAMES = {}
-for _name in ("float16", "float32", "float64"):
-    _DTYPE_NAMES[getattr(np, _name)] = _name
-    _DTYPE_NAMES[np.dtype(_name)] = _name
-_DTYPE_NAMES[dtypes.BFLOAT16] = "bfloat16"
-
-_FLAG_NAMES = {str(flag): name for name, flag in dtypes.TYPE_FLAGS.items()}
+_DTYPE_NAMES = dtypes.FLOAT_NAMES_BY_DTYPE
 
 
 def array_dtype(arr):
@@ -53,20 +49,57 @@ def array_dtype(arr):
     return _DTYPE_NAMES.get(arr.dtype)
 
 
-def cast_ndarray(arr, to):
-    """``arr`` cast to the float type named ``to`` with ``amp_cast`` (no-op if it already is).
+def cast(x, to):
+    """``x`` in the float dtype named ``to``, through MXNet's differentiable ``amp_cast``.
 
-    Works for legacy and ``mx.np`` arrays; the result has the input's array type.
+    The one cast of mxamp, for every kind of tensor: NDArrays and ``mx.np`` arrays (returned in
+    their own interface; a no-op, returning ``x`` itself, when ``x`` already has dtype ``to``;
+    float64 goes through float32, which ``amp_cast`` needs; non-float arrays are converted with
+    ``astype`` when ``to`` is not a float type and pass through unchanged otherwise) and
+    Symbols (legacy or numpy; ``amp_cast`` leaves non-float inputs alone at run time). Casts to
+    bfloat16 round to nearest (``astype`` would truncate). Anything else is returned as is.
 
-    >>> cast_ndarray(mx.np.ones((2,)), 'float16').dtype
+    >>> cast(mx.np.ones((2,)), 'float16').dtype
     dtype('float16')
+    >>> cast(mx.nd.ones((1,), dtype='float64'), 'bfloat16').dtype == dtypes.BFLOAT16
+    True
+    >>> cast(mx.nd.ones((1,), dtype='int32'), 'float32').dtype
+    <class 'numpy.int32'>
     """
-    cur = _DTYPE_NAMES.get(arr.dtype)
-    if cur is None or cur == to:
-        return arr
-    if isinstance(arr, NPArray):
-        return _ND_AMP_CAST(arr.as_nd_ndarray(), dtype=dtypes.to_mx(to)).as_np_ndarray()
-    return _ND_AMP_CAST(arr, dtype=dtypes.to_mx(to))
+    if isinstance(x, Symbol):
+        legacy = x.as_nd_ndarray() if isinstance(x, NPSymbol) else x
+        out = _SYM_AMP_CAST(legacy, dtype=dtypes.to_mx(to))
+        return out.as_np_ndarray() if isinstance(x, NPSymbol) else out
+    if not isinstance(x, NDArray):
+        return x
+    cur = _DTYPE_NAMES.get(x.dtype)
+    if cur == to:
+        return x
+    is_np = isinstance(x, NPArray)
+    legacy = x.as_nd_ndarray() if is_np else x
+    if cur is None:                      # not a float: only an explicit non-float target
+        if to in _DTYPE_NAMES.values():
+            return x
+        out = legacy.astype(to)
+    else:
+        if cur == "float64":
+            legacy = legacy.astype("float32")
+        out = _ND_AMP_CAST(legacy, dtype=dtypes.to_mx(to)) if to != "float64" \
+            else legacy.astype("float64")
+    return out.as_np_ndarray() if is_np else out
+
+
+def cast_into(x, out):
+    """Cast NDArray ``x`` into the existing array ``out`` (its dtype), rounding to nearest.
+
+    >>> w = mx.nd.zeros((2,), dtype='float16'); cast_into(mx.nd.ones((2,)), w); w.asnumpy()
+    array([1., 1.], dtype=float16)
+    """
+    _ND_AMP_CAST(x, dtype=out.dtype, out=out)
+
+
+#: The name of :func:`cast` for NDArrays in mxamp 0.1.0.
+cast_ndarray = cast
 
 
 class RecordingCastCache:
@@ -98,25 +131,26 @@ class RecordingCastCache:
         """Drop the scope's casts (called when recording stops)."""
         self._local.entries = None
 
+    def clear(self):
+        """Drop every thread's casts (``amp.reset``)."""
+        self._local = threading.local()
+
     def cast(self, arr, to):
-        """Like :func:`cast_ndarray`, reusing this scope's earlier cast of the same array."""
+        """Like :func:`cast`, reusing this scope's earlier cast of the same array."""
         entries = getattr(self._local, "entries", None)
         if entries is None or not mx.autograd.is_recording():
-            return cast_ndarray(arr, to)
+            return cast(arr, to)
         key = (id(arr), to)
         hit = entries.get(key)
         if hit is not None and hit[0] is arr:
             return hit[1]
-        out = cast_ndarray(arr, to)
+        out = cast(arr, to)
         entries[key] = (arr, out)
         return out
 
     def __len__(self):
         return len(getattr(self._local, "entries", None) or ())
 
-
-#: The process-wide cache used by the patched NDArray functions.
-RECORDING_CASTS = RecordingCastCache()
 
 
 class SymbolDtypes:
@@ -155,7 +189,7 @@ class SymbolDtypes:
             flag = sym.attr("__dtype__")
         except Exception:  # pylint: disable=broad-except  (grouped symbols have no single attr)
             return None
-        return _FLAG_NAMES.get(flag)
+        return dtypes.FLAG_NAMES.get(flag)
 
     def record(self, sym, dtype):
         """Remember that ``sym`` holds ``dtype`` (a canonical name or None for unknown)."""
@@ -174,10 +208,7 @@ class SymbolDtypes:
             entry = self._entry(sym)
             if entry is not None and to in entry[2]:
                 return entry[2][to]
-        if isinstance(sym, NPSymbol):
-            out = _SYM_AMP_CAST(sym.as_nd_ndarray(), dtype=dtypes.to_mx(to)).as_np_ndarray()
-        else:
-            out = _SYM_AMP_CAST(sym, dtype=dtypes.to_mx(to))
+        out = cast(sym, to)
         self.record(out, to)
         with self._lock:
             entry = self._entry(sym)
@@ -198,6 +229,3 @@ class SymbolDtypes:
         with self._lock:
             self._entries.clear()
 
-
-#: The process-wide table used by the patched Symbol functions.
-SYMBOL_DTYPES = SymbolDtypes()

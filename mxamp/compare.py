@@ -32,6 +32,7 @@ import numpy as np
 from . import dtypes
 from .convert import convert_hybrid_block
 from .gluon_graph import trace_graph
+from .mxnet_private import BlockView, NumpySymbol
 from .precision_pass import CAST_OPS, cast_nodes, graph_nodes, output_dtypes
 
 
@@ -107,7 +108,7 @@ def _run_internals(sym, in_syms, params, inputs, output_names):
     internals = sym.get_internals()
     # Typed input variables spare SymbolBlock a "cannot decide type" warning.
     typed = [mx.sym.var(s.name, dtype=x.dtype) for s, x in zip(in_syms, inputs)]
-    typed = [t.as_np_ndarray() if isinstance(s, mx.sym.numpy._Symbol) else t
+    typed = [t.as_np_ndarray() if isinstance(s, NumpySymbol) else t
              for t, s in zip(typed, in_syms)]
     exposed = mx.gluon.SymbolBlock([internals[n] for n in output_names], typed, params=params)
     outs = exposed(*inputs)
@@ -151,7 +152,7 @@ def accuracy_report(block, inputs, target_dtype="bfloat16", **convert_options):
     converted = convert_hybrid_block(block, target_dtype, ctx=mx.cpu(), example_inputs=inputs,
                                      **convert_options)
     target = dtypes.normalize(target_dtype)
-    lp_sym = converted._cached_graph[1]
+    lp_sym = BlockView(converted).cached_graph[1]
     layers = _layer_outputs(fp32_sym)
     names = [n for n, _ in layers]
     ref = _run_internals(fp32_sym, in_syms, block.collect_params(), inputs, names)

@@ -43,8 +43,11 @@ from mxnet.gluon import HybridBlock
 from mxnet.module import BucketingModule
 
 from . import devices, dtypes
+from .casting import cast
+from .errors import AmpArgumentError, check_name_list
 from .gluon_graph import ConvertedBlock, block_context, trace_graph
-from .lists import get_op_lists
+from .mxnet_private import BucketingView, NumpySymbol, ParamView
+from .opfuncs import lists_for
 from .precision_pass import CAST_OPS, graph_nodes, op_names, param_dtypes, reduce_precision
 
 _LOG = logging.getLogger(__name__)
@@ -52,45 +55,21 @@ _LOG = logging.getLogger(__name__)
 #: Targets a CPU can compute in (float16 has no CPU GEMM/convolution kernel in MXNet 1.9.1).
 CPU_TARGETS = ("bfloat16",)
 
-_REGISTERED_OPS = []
-
-
-def _registered_ops():
-    if not _REGISTERED_OPS:
-        _REGISTERED_OPS.extend(mx.operator.get_all_registered_operators())
-    return _REGISTERED_OPS
-
-
-def _check_name_list(value, what):
-    if value is None:
-        return None
-    if isinstance(value, str) or not isinstance(value, (list, tuple, set, frozenset)):
-        raise TypeError("%s must be a list of strings, got %s" % (what, type(value).__name__))
-    bad = [v for v in value if not isinstance(v, str)]
-    if bad:
-        raise TypeError("%s must be a list of strings; these are not: %r" % (what, bad))
-    return list(value)
-
 
 def resolve_op_lists(target_dtype, target_dtype_ops=None, fp32_ops=None,
                      conditional_fp32_ops=None):
     """mxamp's op lists for a target, with the user's overrides applied and checked.
 
-    Raises ``TypeError`` for a list that is not a list of strings and ``ValueError`` for an
-    operator name MXNet does not know or an op named in two lists.
+    The same resolver as ``amp.init`` (:func:`mxamp.opfuncs.lists_for`): an alias names its op,
+    and a bad list, an unknown operator or an op in two lists raises
+    :class:`~mxamp.errors.AmpArgumentError`.
 
     >>> resolve_op_lists('bfloat16', fp32_ops=['Convolution']).category('Convolution')
     'fp32'
     """
-    target = dtypes.normalize(target_dtype)
-    target_dtype_ops = _check_name_list(target_dtype_ops, "target_dtype_ops")
-    fp32_ops = _check_name_list(fp32_ops, "fp32_ops")
-    if conditional_fp32_ops is not None and not isinstance(conditional_fp32_ops, (list, tuple)):
-        raise TypeError("conditional_fp32_ops must be a list of (op name, parameter name, "
-                        "[values]) tuples, got %s" % type(conditional_fp32_ops).__name__)
-    return get_op_lists(target).with_overrides(
-        target_precision_ops=target_dtype_ops, fp32_ops=fp32_ops,
-        conditional_fp32_ops=conditional_fp32_ops, known_ops=_registered_ops())
+    return lists_for(dtypes.normalize(target_dtype), target_precision_ops=target_dtype_ops,
+                     fp32_ops=fp32_ops, conditional_fp32_ops=conditional_fp32_ops,
+                     low_precision_argument="target_dtype_ops")
 
 
 def _unlisted_ops(sym, lists):
@@ -100,7 +79,7 @@ def _unlisted_ops(sym, lists):
 def _check_excluded(names, node_names):
     unknown = sorted(set(names) - set(node_names))
     if unknown:
-        raise ValueError("excluded_sym_names names nodes that are not in the graph: %s (node "
+        raise AmpArgumentError("excluded_sym_names names nodes that are not in the graph: %s (node "
                          "names are e.g. %s)" % (", ".join(unknown), ", ".join(
                              sorted(node_names)[:5])))
 
@@ -128,7 +107,7 @@ def _convert(sym, lists, excluded, data_names, cast_optional_params, fp32_output
         data_names=data_names, cast_params=bool(cast_optional_params))
     if not fp32_outputs:
         converted = _strip_output_casts(converted, sym)
-    if isinstance(sym, mx.sym.numpy._Symbol):  # keep the numpy interface of the input
+    if isinstance(sym, NumpySymbol):  # keep the numpy interface of the input
         converted = converted.as_np_ndarray()
     return converted
 
@@ -158,47 +137,31 @@ def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=
     ['data_amp_cast_bfloat16', 'fc_bias_amp_cast_bfloat16']
     """
     if not isinstance(sym, mx.sym.Symbol):
-        raise TypeError("convert_symbol needs an mxnet Symbol, got %s" % type(sym).__name__)
+        raise AmpArgumentError("convert_symbol needs an mxnet Symbol, got %s"
+                               % type(sym).__name__)
     requested = dtypes.normalize_request(target_dtype)
     device = devices.symbol_device()
     lists = resolve_op_lists(devices.target_for(requested, device), target_dtype_ops, fp32_ops,
                              conditional_fp32_ops)
     if requested == dtypes.AUTO:
         lists = _for_devices(requested, lists, [device])
-    excluded = _check_name_list(excluded_sym_names, "excluded_sym_names") or []
+    excluded = check_name_list(excluded_sym_names, "excluded_sym_names") or []
     node_names = [n["name"] for n in graph_nodes(sym)]
     _check_excluded(excluded, node_names)
     inputs = sym.list_inputs()
     if data_names is None:
         attrs = sym.attr_dict()
         data_names = [n for n in inputs if "__dtype__" not in attrs.get(n, {})]
-    data_names = _check_name_list(data_names, "data_names")
+    data_names = check_name_list(data_names, "data_names")
     missing = sorted(set(data_names) - set(inputs))
     if missing:
-        raise ValueError("data_names %s are not inputs of the symbol (its inputs: %s)"
+        raise AmpArgumentError("data_names %s are not inputs of the symbol (its inputs: %s)"
                          % (missing, ", ".join(inputs)))
     return _convert(sym, lists, excluded, data_names, cast_optional_params, fp32_outputs)
 
 
-def cast_array(array, dtype_name):
-    """``array`` in dtype ``dtype_name`` (same object when it already is); bf16-safe, any interface.
-
-    >>> cast_array(mx.nd.ones((2,)), 'bfloat16').dtype == dtypes.BFLOAT16
-    True
-    """
-    if dtypes.name_of(array.dtype) == dtype_name:
-        return array
-    is_np = isinstance(array, mx.np.ndarray)
-    legacy = array.as_nd_ndarray() if is_np else array
-    # np.ndarray.astype cannot allocate MXNet's bfloat16, and NDArray.astype truncates;
-    # amp_cast works everywhere and rounds to nearest.
-    out = mx.nd.amp_cast(legacy, dtype=dtypes.to_mx(dtype_name)) if dtypes.is_float(
-        legacy.dtype) else legacy.astype(dtype_name)
-    return out.as_np_ndarray() if is_np else out
-
-
 def _cast_params(params, wanted):
-    return {name: cast_array(value, wanted[name]) if name in wanted else value
+    return {name: cast(value, wanted[name]) if name in wanted else value
             for name, value in params.items()}
 
 
@@ -217,10 +180,11 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
     True
     """
     if not isinstance(sym, mx.sym.Symbol):
-        raise TypeError("convert_model needs an mxnet Symbol first, got %s" % type(sym).__name__)
+        raise AmpArgumentError("convert_model needs an mxnet Symbol first, got %s"
+                               % type(sym).__name__)
     for what, params in (("arg_params", arg_params), ("aux_params", aux_params)):
         if not isinstance(params, dict):
-            raise TypeError("%s must be a dict of name -> NDArray, got %s"
+            raise AmpArgumentError("%s must be a dict of name -> NDArray, got %s"
                             % (what, type(params).__name__))
     data_names = [n for n in sym.list_inputs() if n not in arg_params and n not in aux_params]
     converted = convert_symbol(sym, target_dtype, target_dtype_ops, fp32_ops,
@@ -232,7 +196,7 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
 
 def _check_device_can_run(lists, converted, contexts):
     """float16 on a CPU context would fail at the first GEMM deep in MXNet: fail here instead."""
-    on_cpu = [c for c in contexts if devices.is_cpu(c)]
+    on_cpu = [c for c in contexts if dtypes.is_cpu(c)]
     if not on_cpu or lists.target in CPU_TARGETS:
         return
     lp_ops = op_names(converted) & set(lists.low_precision) & set(lists.no_cpu_kernel)
@@ -247,7 +211,7 @@ def _check_device_can_run(lists, converted, contexts):
 def _requested_target(target_dtype, contexts):
     """``(request, target)``: None means bfloat16 for CPU contexts and float16 for GPUs."""
     if target_dtype is None:
-        on_cpu = all(devices.is_cpu(c) for c in contexts)
+        on_cpu = all(dtypes.is_cpu(c) for c in contexts)
         target = CPU_TARGETS[0] if on_cpu else "float16"
         return target, target
     requested = dtypes.normalize_request(target_dtype)
@@ -289,7 +253,7 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
     float16 convolution/GEMM kernels there). The block returned runs on ``ctx``: on a CPU
     without bfloat16 kernels (class 'none') the ops that lack one compute in float32, and one
     warning per process says so. Node names in ``excluded_sym_names`` are the graph's (e.g. ``'resnetv10_conv0_fwd'``,
-    see ``block._cached_graph[1].get_internals()``).
+    see ``mxamp.precision_pass.graph_nodes`` of the traced graph).
 
     >>> net = mx.gluon.nn.Dense(2, in_units=3)
     >>> net.initialize()
@@ -299,31 +263,31 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
     (1, 2)
     """
     if not isinstance(block, HybridBlock):
-        raise TypeError("convert_hybrid_block needs a gluon HybridBlock, got %s"
-                        % type(block).__name__)
+        raise AmpArgumentError("convert_hybrid_block needs a gluon HybridBlock, got %s"
+                               % type(block).__name__)
     if ctx is not None and not isinstance(ctx, mx.Context):
-        raise TypeError("ctx must be an mx.Context (e.g. mx.cpu()), got %r" % (ctx,))
+        raise AmpArgumentError("ctx must be an mx.Context (e.g. mx.cpu()), got %r" % (ctx,))
     ctx = ctx or block_context(block)
     requested, target = _requested_target(target_dtype, [ctx])
     lists = resolve_op_lists(target, target_dtype_ops, fp32_ops, conditional_fp32_ops)
     inputs, sym = trace_graph(block, example_inputs)
     lists = _for_devices(requested, lists, [devices.device_of(ctx)])
-    excluded = _check_name_list(excluded_sym_names, "excluded_sym_names") or []
+    excluded = check_name_list(excluded_sym_names, "excluded_sym_names") or []
     _check_excluded(excluded, [n["name"] for n in graph_nodes(sym)])
     converted = _convert(sym, lists, excluded, [i.name for i in inputs], cast_optional_params,
                          fp32_outputs)
     _check_device_can_run(lists, converted, [ctx])
     # Typed input variables spare SymbolBlock a "cannot decide type" warning.
     typed_inputs = [mx.sym.var(i.name, dtype="float32") for i in inputs]
-    typed_inputs = [v.as_np_ndarray() if isinstance(i, mx.sym.numpy._Symbol) else v
+    typed_inputs = [v.as_np_ndarray() if isinstance(i, NumpySymbol) else v
                     for v, i in zip(typed_inputs, inputs)]
     ret = ConvertedBlock(converted, typed_inputs)
     source = {p.name: p for p in block.collect_params().values()}
     wanted = param_dtypes(converted)
     for name, param in ret.collect_params().items():
-        value = cast_array(source[name]._reduce(), wanted.get(name, "float32"))
+        value = cast(ParamView(source[name]).reduce(), wanted.get(name, "float32"))
         param.cast(value.dtype)
-        param._load_init(value, [ctx])
+        ParamView(param).load(value, [ctx])
     return ret
 
 
@@ -341,23 +305,24 @@ def convert_bucketing_module(bucketing_mod, target_dtype=None, target_dtype_ops=
     >>> # lp_mod = convert_bucketing_module(mod, 'bfloat16'); lp_mod.bind(...); lp_mod.forward(...)
     """
     if not isinstance(bucketing_mod, BucketingModule):
-        raise TypeError("convert_bucketing_module needs an mx.mod.BucketingModule, got %s"
-                        % type(bucketing_mod).__name__)
-    if not bucketing_mod._buckets or not bucketing_mod.params_initialized:
+        raise AmpArgumentError("convert_bucketing_module needs an mx.mod.BucketingModule, got "
+                               "%s" % type(bucketing_mod).__name__)
+    view = BucketingView(bucketing_mod)
+    if not view.buckets or not bucketing_mod.params_initialized:
         raise RuntimeError("bind the BucketingModule and initialise its parameters "
                            "(mod.bind(...); mod.init_params()) before converting it")
-    contexts = bucketing_mod._context
+    contexts = view.context
     contexts = list(contexts) if isinstance(contexts, (list, tuple)) else [contexts]
     requested, target = _requested_target(target_dtype, contexts)
     lists = resolve_op_lists(target, target_dtype_ops, fp32_ops, conditional_fp32_ops)
     lists = _for_devices(requested, lists, [devices.device_of(c) for c in contexts])
-    excluded = _check_name_list(excluded_sym_names, "excluded_sym_names") or []
+    excluded = check_name_list(excluded_sym_names, "excluded_sym_names") or []
     per_bucket = {key: {n["name"] for n in graph_nodes(mod.symbol)}
-                  for key, mod in bucketing_mod._buckets.items()}
+                  for key, mod in view.buckets.items()}
     _check_excluded(excluded, set().union(*per_bucket.values()))
     arg_params, aux_params = bucketing_mod.get_params()
     symbols, wanted = {}, {}
-    for key, mod in bucketing_mod._buckets.items():
+    for key, mod in view.buckets.items():
         data_names = [n for n in mod.symbol.list_inputs()
                       if n not in arg_params and n not in aux_params]
         symbols[key] = _convert(mod.symbol, lists, [n for n in excluded if n in per_bucket[key]],
@@ -368,7 +333,7 @@ def convert_bucketing_module(bucketing_mod, target_dtype=None, target_dtype_ops=
 
     def converted_sym_gen(bucket_key):
         """Buckets first seen after conversion are converted the same way."""
-        sym, data_names, label_names = bucketing_mod._sym_gen(bucket_key)
+        sym, data_names, label_names = view.sym_gen(bucket_key)
         nodes = {n["name"] for n in graph_nodes(sym)}
         return _convert(sym, lists, [n for n in excluded if n in nodes],
                         [n for n in sym.list_inputs() if n not in param_names],
@@ -377,7 +342,7 @@ def convert_bucketing_module(bucketing_mod, target_dtype=None, target_dtype_ops=
     return BucketingModule.load_dict(
         symbols, sym_gen=converted_sym_gen, arg_params=_cast_params(arg_params, wanted),
         aux_params=_cast_params(aux_params, wanted),
-        default_bucket_key=bucketing_mod._default_bucket_key, logger=bucketing_mod.logger,
-        context=bucketing_mod._context, work_load_list=bucketing_mod._work_load_list,
-        fixed_param_names=bucketing_mod._fixed_param_names, state_names=bucketing_mod._state_names,
-        group2ctxs=bucketing_mod._group2ctxs, compression_params=bucketing_mod._compression_params)
+        default_bucket_key=view.default_bucket_key, logger=bucketing_mod.logger,
+        context=view.context, work_load_list=view.work_load_list,
+        fixed_param_names=view.fixed_param_names, state_names=view.state_names,
+        group2ctxs=view.group2ctxs, compression_params=view.compression_params)

@@ -24,13 +24,15 @@ steps with non-finite gradients, and a model behaves, bit for bit, as in float32
 >>> devices.plan('auto', get_op_lists('bfloat16'), 'amx').compute
 'bfloat16'
 """
-import threading
 import warnings
 from dataclasses import dataclass
 
 from . import dtypes
+from .dtypes import is_cpu
 from .cpu import BF16_CLASSES, NATIVE_CLASSES, cpu_features
-from .opfuncs import gpu_available
+from .errors import AmpArgumentError
+from .opfuncs import gpu_available, lists_for
+from .state import STATE
 
 #: The device name of CUDA GPUs (CPUs are named by their bfloat16 class).
 GPU = "gpu"
@@ -86,16 +88,6 @@ class DevicePlan:
         if not self.low_precision:
             what = "float32 compute (%s)" % self.reason
         return "target_dtype=%r on %s: %s" % (self.requested, where, what)
-
-
-def is_cpu(ctx):
-    """True for CPU contexts (``cpu``, ``cpu_pinned``, ``cpu_shared``).
-
-    >>> import mxnet as mx
-    >>> is_cpu(mx.cpu()), is_cpu(mx.gpu(0))
-    (True, False)
-    """
-    return ctx.device_type.startswith("cpu")
 
 
 def cpu_class():
@@ -154,8 +146,8 @@ def plan(requested, lists, device):
     ('float32', ['Activation', 'BatchNorm', 'Convolution'])
     """
     if device != GPU and device not in BF16_CLASSES:
-        raise ValueError("device must be %r or a CPU class %s, got %r" % (GPU, BF16_CLASSES,
-                                                                          device))
+        raise AmpArgumentError("device must be %r or a CPU class %s, got %r"
+                               % (GPU, BF16_CLASSES, device))
     low = frozenset(lists.low_precision)
     if device == GPU:
         fp32_ops, reason = frozenset(), ""
@@ -181,15 +173,12 @@ def precision_plan(target_dtype="auto", ctx=None):
     >>> p.compute in ('bfloat16', 'float32'), p.summary().startswith(('bfloat16', 'float'))
     (True, True)
     """
-    from .lists import get_op_lists  # pylint: disable=import-outside-toplevel
     requested = dtypes.normalize_request(target_dtype)
     device = symbol_device() if ctx is None else device_of(ctx)
-    return plan(requested, get_op_lists(target_for(requested, device)), device)
+    return plan(requested, lists_for(target_for(requested, device)), device)
 
 
 # --------------------------------------------------------------------------------- notices
-_NOTICES_LOCK = threading.Lock()
-_NOTICES_GIVEN = set()   # texts already shown in this process
 
 
 def cpu_notice(device_plan):
@@ -240,12 +229,8 @@ def warn_once(text, category=RuntimeWarning, stacklevel=3):
     >>> warn_once('')
     False
     """
-    if not text:
+    if not text or not STATE.first_time(text, STATE.notices):
         return False
-    with _NOTICES_LOCK:
-        if text in _NOTICES_GIVEN:
-            return False
-        _NOTICES_GIVEN.add(text)
     warnings.warn(text, category, stacklevel=stacklevel)
     return True
 
@@ -256,5 +241,4 @@ def notices_given():
     >>> isinstance(notices_given(), frozenset)
     True
     """
-    with _NOTICES_LOCK:
-        return frozenset(_NOTICES_GIVEN)
+    return frozenset(STATE.notices)

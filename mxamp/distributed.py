@@ -28,6 +28,9 @@ import sys
 import numpy as np
 import mxnet as mx
 
+from .errors import AmpArgumentError
+from .mxnet_private import KVStoreView, ParamView, TrainerView
+
 __all__ = ["backend", "before_first_step", "gather", "any_worker", "check_scaler_in_sync"]
 
 LOG = logging.getLogger("mxamp")
@@ -46,7 +49,7 @@ def _horovod_module(trainer):
 
 
 def _kvstore_type(trainer):
-    store = trainer._kvstore_params["kvstore"]  # pylint: disable=protected-access
+    store = TrainerView(trainer).kvstore_params["kvstore"]
     if isinstance(store, str):
         return store
     return getattr(store, "type", "") or ""
@@ -70,8 +73,7 @@ def backend(trainer):
 
 
 def _uninitialized(trainer):
-    return [p.name for p in trainer._params  # pylint: disable=protected-access
-            if p._deferred_init]  # pylint: disable=protected-access
+    return [p.name for p in TrainerView(trainer).params if ParamView(p).deferred_init]
 
 
 def before_first_step(trainer, batch_size=None):
@@ -110,7 +112,7 @@ def before_first_step(trainer, batch_size=None):
 
 
 def _broadcast_through_horovod(trainer):
-    params = trainer._params  # pylint: disable=protected-access
+    params = TrainerView(trainer).params
     _horovod_module(trainer).broadcast_parameters({p.name: p for p in params}, root_rank=0,
                                                   prefix="mxamp.start.")
     for param in params:  # Horovod fills the first context only
@@ -119,29 +121,29 @@ def _broadcast_through_horovod(trainer):
 
 
 def _broadcast_through_kvstore(trainer, batch_size):
-    # pylint: disable=protected-access
-    if not trainer._kv_initialized:
+    view = TrainerView(trainer)
+    if not view.kv_initialized:
         if _servers_would_update(trainer) and batch_size is None:
-            raise ValueError(
+            raise AmpArgumentError(
                 "before_first_step: this trainer runs the optimizer on the kvstore servers, "
                 "which receive it (with rescale_grad = 1/batch_size) now; pass batch_size=, "
                 "or create the Trainer with update_on_kvstore=False")
         if batch_size is not None:
-            trainer._optimizer.rescale_grad = trainer._scale / batch_size
-        trainer._init_kvstore()
-    if trainer._params_to_init:
-        trainer._init_params()
+            view.optimizer.rescale_grad = view.scale / batch_size
+        view.init_kvstore()
+    if view.params_to_init:
+        view.init_params()
     # The broadcast's pulls run asynchronously in MXNet's engine and a kvstore barrier does not
     # wait for them: wait here, or a fast worker's first push can overtake a slow worker's pull.
-    for param in trainer._params:
+    for param in view.params:
         for data in param.list_data():
             data.wait_to_read()
-    trainer._kvstore._barrier()
+    KVStoreView(view.kvstore).barrier()
 
 
 def _servers_would_update(trainer):
     """Predict MXNet's choice of update_on_kvstore for a dist kvstore before it is created."""
-    requested = trainer._kvstore_params["update_on_kvstore"]  # pylint: disable=protected-access
+    requested = TrainerView(trainer).kvstore_params["update_on_kvstore"]
     if "async" in _kvstore_type(trainer):
         return True
     if requested is not None:
@@ -151,15 +153,14 @@ def _servers_would_update(trainer):
 
 def _allreduce_sum(array, trainer):
     """Sum a float64 NumPy array over all workers (collective)."""
-    # pylint: disable=protected-access
     hvd = _horovod_module(trainer)
     if hvd is not None:
         total = hvd.allreduce(mx.nd.array(array, dtype="float64"), op=hvd.Sum,
                               name="mxamp.gather.%d" % array.size)
         return total.asnumpy()
     before_first_step(trainer)
-    store = trainer._kvstore
-    if trainer._update_on_kvstore:
+    store = TrainerView(trainer).kvstore
+    if TrainerView(trainer).update_on_kvstore:
         raise RuntimeError(
             "this trainer's kvstore runs the optimizer on the servers (update_on_kvstore=True), "
             "which would apply it to mxamp's reductions too; create the Trainer with "
@@ -195,7 +196,7 @@ def gather(values, trainer):
         rank, size = hvd.rank(), hvd.size()
     else:
         before_first_step(trainer)
-        store = trainer._kvstore  # pylint: disable=protected-access
+        store = TrainerView(trainer).kvstore
         rank, size = store.rank, store.num_workers
     table = np.zeros((size, len(row)), dtype=np.float64)
     table[rank] = row
@@ -219,7 +220,7 @@ def check_scaler_in_sync(trainer):
     >>> check_scaler_in_sync(trainer)['scale']         # doctest: +SKIP
     65536.0
     """
-    hook = getattr(trainer, "_amp_loss_scaler", None)
+    hook = TrainerView(trainer).amp_scaler_or_none()
     if hook is None or not hasattr(hook, "state_dict"):
         raise RuntimeError("check_scaler_in_sync: call amp.init_trainer(trainer) first")
     state = hook.state_dict()["scaler"]

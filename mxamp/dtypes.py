@@ -13,6 +13,8 @@ True
 """
 import numpy as np
 
+from .errors import AmpArgumentError
+
 #: MXNet's bfloat16 dtype object (what ``NDArray.dtype`` reports for bf16 arrays).
 BFLOAT16 = np.dtype([("bfloat16", np.uint16)])
 FLOAT16 = np.dtype(np.float16)
@@ -25,6 +27,14 @@ AUTO = "auto"
 
 #: MXNet's integer type flags (``mshadow::TypeFlag``) of the float types mxamp deals with.
 TYPE_FLAGS = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 12}
+#: The reverse: a type flag, as an int or as the string of a ``__dtype__`` attribute -> name.
+FLAG_NAMES = dict([(flag, name) for name, flag in TYPE_FLAGS.items()] +
+                  [(str(flag), name) for name, flag in TYPE_FLAGS.items()])
+#: ``NDArray.dtype`` (a numpy scalar type for legacy arrays, a numpy dtype for mx.np ones) ->
+#: canonical float name, for the hot paths that cannot afford ``np.dtype()``.
+FLOAT_NAMES_BY_DTYPE = dict([(getattr(np, n), n) for n in ("float16", "float32", "float64")] +
+                            [(np.dtype(n), n) for n in ("float16", "float32", "float64")] +
+                            [(BFLOAT16, "bfloat16")])
 
 
 def _as_dtype(dtype):
@@ -44,7 +54,7 @@ def name_of(dtype):
     """
     dt = _as_dtype(dtype)
     if dt is None:
-        raise TypeError("%r is not a dtype" % (dtype,))
+        raise AmpArgumentError("%r is not a dtype" % (dtype,))
     if dt == BFLOAT16:
         return "bfloat16"
     return dt.name
@@ -64,7 +74,7 @@ def normalize(dtype):
     except TypeError:
         name = None
     if name not in TARGETS:
-        raise ValueError(
+        raise AmpArgumentError(
             "target_dtype must be float16 or bfloat16 ('float16', 'bfloat16', numpy.float16 or "
             "MXNet's bfloat16 dtype object)%s, got %r" % (_AUTO_HINT, dtype))
     return name
@@ -92,6 +102,16 @@ def to_mx(name):
     dtype('float16')
     """
     return BFLOAT16 if name == "bfloat16" else np.dtype(name)
+
+
+def is_cpu(ctx):
+    """True for CPU contexts (``cpu``, ``cpu_pinned``, ``cpu_shared``): the one such test.
+
+    >>> import mxnet as mx
+    >>> is_cpu(mx.cpu()), is_cpu(mx.gpu(0))
+    (True, False)
+    """
+    return ctx.device_type.startswith("cpu")
 
 
 def is_float(dtype):

@@ -10,6 +10,9 @@
 import mxnet as mx
 from mxnet.gluon import SymbolBlock
 
+from .errors import AmpArgumentError
+from .mxnet_private import BlockView, ParamView
+
 
 class ConvertedBlock(SymbolBlock):
     """The SymbolBlock ``convert_hybrid_block`` returns; ``export`` keeps the AMP casts.
@@ -34,10 +37,10 @@ class ConvertedBlock(SymbolBlock):
         >>> sorted(os.listdir(folder))
         ['m-0000.params', 'm-symbol.json']
         """
-        sym = self._cached_graph[1]
+        sym = BlockView(self).cached_graph[1]
         sym.save("%s-symbol.json" % path, remove_amp_cast=remove_amp_cast)
         arg_names = set(sym.list_arguments())
-        saved = {("arg:" if name in arg_names else "aux:") + name: param._reduce()
+        saved = {("arg:" if name in arg_names else "aux:") + name: ParamView(param).reduce()
                  for name, param in self.collect_params().items()}
         save = mx.npx.save if mx.util.is_np_array() else mx.nd.save
         save("%s-%04d.params" % (path, epoch), saved)
@@ -57,19 +60,20 @@ def trace_graph(block, example_inputs=None):
         if not isinstance(example_inputs, (list, tuple)):
             example_inputs = (example_inputs,)
         if not all(isinstance(x, mx.nd.NDArray) for x in example_inputs):
-            raise TypeError("example_inputs must be an NDArray or a list/tuple of NDArrays")
+            raise AmpArgumentError("example_inputs must be an NDArray or a list/tuple of NDArrays")
         with mx.autograd.pause():
             block(*example_inputs)  # completes deferred initialisation; caches the graph
-        if not block._cached_graph:  # not hybridized: trace symbolically, leave no trace
-            graph = block._get_graph(*example_inputs)
-            block._cached_graph = ()
+        view = BlockView(block)
+        if not view.cached_graph:  # not hybridized: trace symbolically, leave no trace
+            graph = view.trace(*example_inputs)
+            view.cached_graph = ()
             return graph
-    if not block._cached_graph:
+    if not BlockView(block).cached_graph:
         raise RuntimeError(
             "%s has no graph yet (a block's graph is recorded at its first forward pass after "
             "hybridize()): pass example_inputs=<a batch of input>, or call block.hybridize() "
             "and block(x) once first" % type(block).__name__)
-    return block._cached_graph
+    return BlockView(block).cached_graph
 
 
 def block_context(block):

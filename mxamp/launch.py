@@ -32,6 +32,11 @@ import textwrap
 import threading
 import time
 
+try:
+    from .errors import AmpArgumentError
+except ImportError:  # run as a file (python mxamp/launch.py): no package, and no MXNet import
+    from errors import AmpArgumentError  # pylint: disable=import-error
+
 __all__ = ["LocalCluster", "free_ports", "main"]
 
 LOG = logging.getLogger(__name__)
@@ -142,13 +147,13 @@ class LocalCluster:
     def __init__(self, command, num_workers, num_servers, grace_period=5.0, output=None,
                  env=None):
         if not command:
-            raise ValueError("no worker command given: put it after '--', e.g. "
+            raise AmpArgumentError("no worker command given: put it after '--', e.g. "
                              "python -m mxamp.launch -n 2 -s 1 -- python train.py")
         for label, count in (("num_workers", num_workers), ("num_servers", num_servers)):
             if not isinstance(count, int) or count < 1:
-                raise ValueError("%s must be a positive integer, got %r" % (label, count))
+                raise AmpArgumentError("%s must be a positive integer, got %r" % (label, count))
         if grace_period < 0:
-            raise ValueError("grace_period must be >= 0 seconds, got %r" % (grace_period,))
+            raise AmpArgumentError("grace_period must be >= 0 seconds, got %r" % (grace_period,))
         self.command = list(command)
         self.num_workers = num_workers
         self.num_servers = num_servers

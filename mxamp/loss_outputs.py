@@ -19,7 +19,7 @@ the loss scale of the trainer that owns the step:
 
 "The right trainer" is the one whose ``amp.scale_loss`` is active in the calling thread, else
 the trainer most recently passed to ``amp.init_trainer`` (see
-:func:`mxamp.trainer.current_scaler`). With no trainer, the op is unchanged.
+:func:`mxamp.trainer_scaler.current_scaler`). With no trainer, the op is unchanged.
 
 >>> import mxnet as mx
 >>> softmax_output = wrap_loss_output(mx.nd.SoftmaxOutput, 'SoftmaxOutput', False)
@@ -30,7 +30,7 @@ import functools
 
 import mxnet as mx
 
-from .trainer import current_scaler
+from .trainer_scaler import current_scaler
 
 _GRAD_SCALE_POSITION = 2   # (data, label, grad_scale, ...) for every loss-output op
 _OP_TYPE = "_mxamp_loss_scale_grad"

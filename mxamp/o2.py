@@ -43,10 +43,13 @@ import logging
 import mxnet as mx
 from mxnet.gluon import Block, HybridBlock, nn
 
-from . import devices, dtypes, patching
-from .convert import cast_array
+from . import devices, dtypes
+from .casting import cast
+from .errors import AmpArgumentError
 from .gluon_graph import block_context
-from .lists import get_op_lists
+from .opfuncs import lists_for
+from .mxnet_private import BlockView, ParamView
+from .state import STATE
 
 LOG = logging.getLogger(__name__)
 
@@ -63,30 +66,15 @@ _NO_FP16_CPU = (nn.Dense, nn.Conv1D, nn.Conv2D, nn.Conv3D, nn.Conv1DTranspose, n
                 nn.Conv3DTranspose, mx.gluon.rnn.RNN, mx.gluon.rnn.LSTM, mx.gluon.rnn.GRU)
 
 
-def _is_np(x):
-    return isinstance(x, (mx.np.ndarray, mx.sym.numpy._Symbol))
-
-
 def cast_tensor(x, dtype_name):
     """Cast one NDArray/Symbol (legacy or numpy interface) if it is a float of another dtype.
 
-    Integer tensors pass through; float64 goes through float32 (``amp_cast`` ignores float64).
+    Integer tensors pass through; float64 goes through float32. (:func:`mxamp.casting.cast`.)
 
     >>> cast_tensor(mx.nd.ones((1,), dtype='float64'), 'bfloat16').dtype == dtypes.BFLOAT16
     True
     """
-    if not isinstance(x, (mx.nd.NDArray, mx.sym.Symbol)):
-        return x
-    is_np = _is_np(x)
-    legacy = x.as_nd_ndarray() if is_np else x
-    F = mx.sym if isinstance(legacy, mx.sym.Symbol) else mx.nd
-    if F is mx.nd:
-        if not dtypes.is_float(legacy.dtype) or dtypes.name_of(legacy.dtype) == dtype_name:
-            return x
-        if dtypes.name_of(legacy.dtype) not in ("float32", "float16", "bfloat16"):
-            legacy = legacy.astype("float32")
-    out = F.amp_cast(legacy, dtype=dtypes.to_mx(dtype_name))
-    return out.as_np_ndarray() if is_np else out
+    return cast(x, dtype_name)
 
 
 def _cast_nested(value, dtype_name):
@@ -97,14 +85,15 @@ def _cast_nested(value, dtype_name):
 
 def _cast_parameter(param, dtype_name):
     """Parameter.cast, but for every dtype and interface (``astype`` cannot make numpy bf16)."""
-    param._dtype = dtypes.to_mx(dtype_name)
-    if param._data is None:
+    view = ParamView(param)
+    view.dtype = dtypes.to_mx(dtype_name)
+    if view.data is None:
         return
     with mx.autograd.pause():
-        param._data = [cast_array(d, dtype_name) for d in param._data]
-        if param._grad is not None:
-            param._grad = [cast_array(g, dtype_name) for g in param._grad]
-            mx.autograd.mark_variables(param._data, param._grad, param.grad_req)
+        view.data = [cast(d, dtype_name) for d in view.data]
+        if view.grad is not None:
+            view.grad = [cast(g, dtype_name) for g in view.grad]
+            mx.autograd.mark_variables(view.data, view.grad, param.grad_req)
 
 
 def _fp32_island(block, target):
@@ -134,7 +123,7 @@ def _fp32_compute(block):
 
     @functools.wraps(inner)
     def hybrid_forward(F, *args, **params):
-        params = {k: cast_tensor(v, "float32") for k, v in params.items()}
+        params = {k: cast(v, "float32") for k, v in params.items()}
         return inner(F, *_cast_nested(args, "float32"), **params)
     block.hybrid_forward = hybrid_forward
     return True
@@ -153,7 +142,7 @@ def _model_boundary(block, target, output_dtype):
 
 def _all_blocks(block):
     out = [block]
-    for child in block._children.values():
+    for child in BlockView(block).children.values():
         out.extend(_all_blocks(child))
     return out
 
@@ -168,7 +157,7 @@ def _plan(block, target, excluded):
             return
         if not isinstance(b, MIXED_INPUT_NORMS):
             low.append(b)
-        for child in b._children.values():
+        for child in BlockView(b).children.values():
             visit(child)
     visit(block)
     return low, islands
@@ -187,18 +176,18 @@ def _check_exclude(exclude):
     if isinstance(exclude, (str, Block, type)):
         exclude = [exclude]
     if not isinstance(exclude, (list, tuple, set)):
-        raise TypeError("exclude must be a list of Blocks, Block classes or block names, got %s"
+        raise AmpArgumentError("exclude must be a list of Blocks, Block classes or block names, got %s"
                         % type(exclude).__name__)
     for rule in exclude:
         ok = isinstance(rule, (str, Block)) or (isinstance(rule, type) and issubclass(rule, Block))
         if not ok:
-            raise TypeError("exclude entries must be Blocks, Block classes or block names (str), "
+            raise AmpArgumentError("exclude entries must be Blocks, Block classes or block names (str), "
                             "got %r" % (rule,))
     return list(exclude)
 
 
 def _finish_init(block, example_inputs):
-    pending = [p.name for p in block.collect_params().values() if p._data is None]
+    pending = [p.name for p in block.collect_params().values() if ParamView(p).data is None]
     if pending and example_inputs is None:
         raise RuntimeError(
             "parameters %s are not initialised yet (deferred initialisation waits for the first "
@@ -242,7 +231,7 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
     True
     """
     if not isinstance(block, Block):
-        raise TypeError("cast_model needs a gluon Block, got %s" % type(block).__name__)
+        raise AmpArgumentError("cast_model needs a gluon Block, got %s" % type(block).__name__)
     requested = dtypes.normalize_request(target_dtype)
     if output_dtype is not None:
         output_dtype = dtypes.name_of(output_dtype)
@@ -253,12 +242,12 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
     blocks = _all_blocks(block)
     unmatched = [r for r in exclude if not any(_matches(b, r) for b in blocks)]
     if unmatched:
-        raise ValueError("exclude entries match no layer of the model: %s (layer names: %s)"
+        raise AmpArgumentError("exclude entries match no layer of the model: %s (layer names: %s)"
                          % (", ".join(map(str, unmatched)), ", ".join(b.name for b in blocks[:6])))
     _finish_init(block, example_inputs)
     device = devices.device_of(block_context(block))
     target = devices.target_for(requested, device)
-    plan = devices.plan(requested, get_op_lists(target), device)
+    plan = devices.plan(requested, lists_for(target), device)
     if requested == dtypes.AUTO and not plan.low_precision:
         LOG.info("mxamp: cast_model: %s; the model stays float32", plan.describe())
         return block
@@ -268,7 +257,8 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
     compute = target if plan.low_precision else "float32"
     opaque = []
     for lp_block in low:
-        float_params = [p for p in lp_block._reg_params.values() if dtypes.is_float(p.dtype)]
+        float_params = [p for p in BlockView(lp_block).own_params.values()
+                        if dtypes.is_float(p.dtype)]
         for param in float_params:
             _cast_parameter(param, target)
         if float_params and compute == "float32" and not _fp32_compute(lp_block):
@@ -276,14 +266,15 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
     for island in islands:
         _fp32_island(island, compute)
     _model_boundary(block, compute, output_dtype)
-    block.apply(lambda b: b._clear_cached_op() if isinstance(b, HybridBlock) else None)
+    block.apply(lambda b: BlockView(b).clear_cached_op() if isinstance(b, HybridBlock)
+                else None)
     block._mxamp_o2_target = target
-    if opaque and patching.target_dtype() != target:
+    if opaque and STATE.target != target:
         LOG.warning("mxamp: cast_model(%s): %s are not HybridBlocks, so their %s parameters "
                     "reach their operators as they are, and this CPU has no %s kernels. Call "
                     "amp.init(%r) as well to compute those operators in float32.",
                     target, ", ".join(opaque), target, target, target)
-    elif compute != "float32" and patching.target_dtype() != target:
+    elif compute != "float32" and STATE.target != target:
         LOG.warning("mxamp: cast_model(%s) without amp.init(target_dtype=%r): operators that "
                     "hybrid_forward calls directly (F.batch_dot, F.transpose, F.LayerNorm, ...) "
                     "now get %s inputs, and some have no %s kernel. Call amp.init(%r) as well "
@@ -294,7 +285,7 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
 def _check_device(block, target, lp_leaves):
     if target != "float16":
         return
-    on_cpu = any(devices.is_cpu(ctx) for p in block.collect_params().values()
+    on_cpu = any(dtypes.is_cpu(ctx) for p in block.collect_params().values()
                  for ctx in p.list_ctx())
     no_kernel = sorted({type(b).__name__ for b in lp_leaves if isinstance(b, _NO_FP16_CPU)})
     if on_cpu and no_kernel:

@@ -1,27 +1,39 @@
-"""Find the Python functions MXNet generated for its operators, in every namespace.
+"""The one operator registry: names, aliases, handles, and the functions MXNet made for them.
 
-MXNet 1.x generates one Python function per registered operator and namespace (``mx.nd``,
-``mx.sym``, their ``op``/``_internal``/``contrib``/``linalg``/``sparse``/``random``/``image``
-submodules, and the numpy interface's ``_internal``/``_op`` modules behind ``mx.np`` and
-``mx.npx``). Each generated function embeds its operator's handle as a constant, which is how
-this module maps a function to its operator without re-implementing MXNet's naming rules.
+MXNet 1.x registers each operator under one real name and maybe some aliases (``flatten`` is
+``Flatten``; ``_npx_fully_connected`` is ``FullyConnected``), and generates one Python function
+per registered name and namespace (``mx.nd``, ``mx.sym``, their ``op``/``_internal``/
+``contrib``/``linalg``/``sparse``/``random``/``image`` submodules, and the numpy interface's
+modules behind ``mx.np`` and ``mx.npx``). Each generated function embeds its operator's handle
+as a constant, which is how a function is mapped to its operator without re-implementing
+MXNet's naming rules.
+
+Every entry point (``amp.init``, each ``convert_*``, ``cast_model``, the op lists' command line)
+resolves operator names here, so an alias means the same thing everywhere; names are checked
+by :func:`check_op_names`. The registry is a fact of the loaded libmxnet: computed once, on
+first use, and never reset.
 
 >>> from mxamp import opfuncs
->>> ops = opfuncs.registered_ops()
->>> ops.canonical['flatten']
+>>> opfuncs.canonical_name('flatten')
 'Flatten'
 """
-import ctypes
+import collections
+import difflib
 import functools
 import sys
 import types
 from dataclasses import dataclass
 
 import mxnet as mx
-from mxnet.base import _LIB, c_str, check_call, mx_uint, py_str
+
+from . import mxnet_private as mxp
+from .errors import AmpArgumentError, check_name_list
+from .lists import get_op_lists, reference_view, symbol_bf16, symbol_fp16
 
 #: Module name prefixes whose generated operator functions AMP wraps.
 NAMESPACE_PREFIXES = ("mxnet.ndarray", "mxnet.symbol", "mxnet.numpy", "mxnet.numpy_extension")
+#: The file name of code that MXNet compiles at import to make the operator functions.
+_GENERATED = "<string>"
 
 
 @dataclass(frozen=True)
@@ -34,31 +46,178 @@ class RegisteredOps:
     aliases: dict             # canonical name -> frozenset of all its names
 
 
-_REGISTERED = None
+@functools.lru_cache(maxsize=None)
+def _handles():
+    """Every registered name -> its operator handle (one cheap C call per name, ~4 ms)."""
+    return {name: mxp.op_handle(name) for name in mxp.list_op_names()}
 
 
+@functools.lru_cache(maxsize=None)
+def _known_handles():
+    return frozenset(_handles().values())
+
+
+@functools.lru_cache(maxsize=None)
 def registered_ops():
-    """The :class:`RegisteredOps` of the loaded libmxnet (computed once).
+    """The :class:`RegisteredOps` of the loaded libmxnet (computed once, ~10 ms).
 
     >>> 'FullyConnected' in registered_ops().names
     True
     """
-    global _REGISTERED
-    if _REGISTERED is None:
-        size = mx_uint()
-        plist = ctypes.POINTER(ctypes.c_char_p)()
-        check_call(_LIB.MXListAllOpNames(ctypes.byref(size), ctypes.byref(plist)))
-        names = [py_str(plist[i]) for i in range(size.value)]
-        canonical, by_handle, aliases = {}, {}, {}
-        for name in names:
-            info = op_info(name)
-            canon = by_handle.setdefault(info.handle, info.canonical)
-            canonical[name] = canon
-            aliases.setdefault(canon, set()).add(name)
-        _REGISTERED = RegisteredOps(
-            names=frozenset(names), canonical=canonical, by_handle=by_handle,
-            aliases={k: frozenset(v) for k, v in aliases.items()})
-    return _REGISTERED
+    canonical, by_handle, aliases = {}, {}, {}
+    for name, handle in _handles().items():
+        canon = by_handle.get(handle)
+        if canon is None:
+            canon = by_handle[handle] = _name_of_handle(handle)
+        canonical[name] = canon
+        aliases.setdefault(canon, set()).add(name)
+    return RegisteredOps(names=frozenset(canonical), canonical=canonical, by_handle=by_handle,
+                         aliases={k: frozenset(v) for k, v in aliases.items()})
+
+
+def canonical_name(name):
+    """The real name of the operator registered as ``name`` (itself for a canonical name).
+
+    >>> canonical_name('_npx_fully_connected')
+    'FullyConnected'
+    """
+    return registered_ops().canonical.get(name, name)
+
+
+def check_op_names(names, what):
+    """Raise :class:`~mxamp.errors.AmpArgumentError` for names no operator is registered under.
+
+    The one validator of operator names, for every entry point; the message names the
+    argument, the unknown names and the closest registered ones.
+
+    >>> check_op_names(['softmax', 'Softmax'], 'fp32_ops')
+    >>> check_op_names(['sotfmax'], 'fp32_ops')
+    Traceback (most recent call last):
+    ...
+    mxamp.errors.AmpArgumentError: fp32_ops: not registered MXNet operators: sotfmax (did you mean softmax?); amp.list_lp16_ops(), amp.list_fp32_ops() and mx.operator.get_all_registered_operators() list valid names
+    """
+    known = registered_ops().names
+    unknown = sorted(set(names) - known)
+    if not unknown:
+        return
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, known, n=1)
+        hints.append(name + (" (did you mean %s?)" % close[0] if close else ""))
+    raise AmpArgumentError(
+        "%s: not registered MXNet operators: %s; amp.list_lp16_ops(), amp.list_fp32_ops() and "
+        "mx.operator.get_all_registered_operators() list valid names" % (what, ", ".join(hints)))
+
+
+def lists_for(target, target_precision_ops=None, fp32_ops=None, conditional_fp32_ops=None,
+              low_precision_argument="target_precision_ops"):
+    """The op lists of ``target`` with a caller's overrides, checked and alias-aware.
+
+    The one resolver behind ``amp.init``, every ``convert_*`` and ``cast_model``. The defaults
+    are mxamp's op lists with any edits made to the reference's module lists
+    (``amp.lists.symbol_fp16`` / ``symbol_bf16``); the three override lists replace the defaults
+    of their category (as in the reference); naming any
+    alias of an op moves the op and all its aliases; an unknown name, an op in two lists or a
+    malformed entry is an :class:`~mxamp.errors.AmpArgumentError` naming the argument (the
+    low-precision list as ``low_precision_argument``: ``convert_*`` call it
+    ``target_dtype_ops``).
+
+    >>> lists_for('float16', fp32_ops=['flatten']).category('Flatten')
+    'fp32'
+    """
+    lists = _with_reference_edits(get_op_lists(target))
+    given = {"target_precision_ops": check_name_list(target_precision_ops,
+                                                     low_precision_argument),
+             "fp32_ops": check_name_list(fp32_ops, "fp32_ops")}
+    if conditional_fp32_ops is not None and (
+            isinstance(conditional_fp32_ops, (str, bytes)) or
+            not isinstance(conditional_fp32_ops, (list, tuple))):
+        raise AmpArgumentError("conditional_fp32_ops must be a list of (op name, parameter "
+                               "name, [values]) tuples, got %s" % type(conditional_fp32_ops)
+                               .__name__)
+    if all(v is None for v in given.values()) and conditional_fp32_ops is None:
+        return lists
+    for what, names in given.items():
+        if names is not None:
+            check_op_names(names, low_precision_argument if what == "target_precision_ops"
+                           else what)
+    if conditional_fp32_ops is not None:
+        check_op_names([entry[0] for entry in conditional_fp32_ops
+                        if isinstance(entry, (list, tuple)) and entry
+                        and isinstance(entry[0], str)], "conditional_fp32_ops")
+    _check_one_list_per_op(given, conditional_fp32_ops)
+    given = {what: None if names is None else _with_aliases(names)
+             for what, names in given.items()}
+    if conditional_fp32_ops is not None:
+        conditional_fp32_ops = _conditions_with_aliases(conditional_fp32_ops)
+    try:
+        return lists.with_overrides(target_precision_ops=given["target_precision_ops"],
+                                    fp32_ops=given["fp32_ops"],
+                                    conditional_fp32_ops=conditional_fp32_ops,
+                                    canonical=registered_ops().canonical)
+    except AmpArgumentError:
+        raise
+    except (ValueError, TypeError) as err:   # the lists' own shape checks
+        raise AmpArgumentError(str(err)) from None
+
+
+_REFERENCE_MODULES = {"float16": symbol_fp16, "bfloat16": symbol_bf16}
+
+
+def _with_reference_edits(lists):
+    module = _REFERENCE_MODULES[lists.target]
+    return reference_view.apply_edits(lists, module, module.ORIGINALS,
+                                      canonical=_canonical_if_edited(module))
+
+
+def _canonical_if_edited(module):
+    """The alias map, built only when some list of ``module`` was edited (it costs ~10 ms)."""
+    edited = any(getattr(module, name) != module.ORIGINALS[name]
+                 for name in module.ORIGINALS)
+    return registered_ops().canonical if edited else None
+
+
+def _check_one_list_per_op(given, conditional_fp32_ops):
+    """An operator (under any of its names) may sit in one override list only."""
+    named = dict(given)
+    if conditional_fp32_ops is not None:
+        named["conditional_fp32_ops"] = [e[0] for e in conditional_fp32_ops
+                                         if isinstance(e, (list, tuple)) and e]
+    keys = [k for k, v in named.items() if v is not None]
+    for i, first in enumerate(keys):
+        for second in keys[i + 1:]:
+            ops = {canonical_name(n) for n in named[second]}
+            both = sorted(n for n in named[first] if canonical_name(n) in ops)
+            if both:
+                raise AmpArgumentError("ops placed in both %s and %s: %s; an op runs in one "
+                                       "precision" % (first, second, ", ".join(both)))
+
+
+def _conditions_with_aliases(entries):
+    """``(op, parameter, values)`` entries extended to every alias of each op.
+
+    An alias the caller names itself keeps its own entry (the reference's lists name every
+    alias); malformed entries are left for the op lists' own check to report."""
+    if not all(isinstance(e, (list, tuple)) and e and isinstance(e[0], str) for e in entries):
+        return entries
+    given = {e[0] for e in entries}
+    out = list(entries)
+    for entry in entries:
+        out += [(alias,) + tuple(entry[1:]) for alias in _with_aliases([entry[0]])
+                if alias not in given]
+        given |= set(_with_aliases([entry[0]]))
+    return out
+
+
+def _with_aliases(names):
+    """``names`` and every alias of their operators, in a stable order, each once."""
+    registry = registered_ops()
+    out = []
+    for name in names:
+        for alias in [name] + sorted(registry.aliases.get(canonical_name(name), ())):
+            if alias not in out:
+                out.append(alias)
+    return out
 
 
 @dataclass(frozen=True)
@@ -77,28 +236,27 @@ def op_info(name):
     >>> op_info('flatten').canonical
     'Flatten'
     """
-    handle = ctypes.c_void_p()
-    check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(handle)))
-    real_name, desc, key_var_num_args, ret_type = (ctypes.c_char_p() for _ in range(4))
-    num_args = mx_uint()
-    arg_names, arg_types, arg_descs = (ctypes.POINTER(ctypes.c_char_p)() for _ in range(3))
-    check_call(_LIB.MXSymbolGetAtomicSymbolInfo(
-        handle, ctypes.byref(real_name), ctypes.byref(desc), ctypes.byref(num_args),
-        ctypes.byref(arg_names), ctypes.byref(arg_types), ctypes.byref(arg_descs),
-        ctypes.byref(key_var_num_args), ctypes.byref(ret_type)))
-    arguments = tuple((py_str(arg_names[i]), py_str(arg_types[i])) for i in range(num_args.value))
-    return OpInfo(handle.value, py_str(real_name.value), arguments,
-                  py_str(key_var_num_args.value or b""))
+    handle = mxp.op_handle(name)
+    canonical, arguments, key_var_num_args = mxp.op_arguments(handle)
+    return OpInfo(handle, canonical, arguments, key_var_num_args)
 
 
-@dataclass(frozen=True)
-class OpFunction:
-    """One generated operator function and where it is bound."""
+class OpFunction(collections.namedtuple("OpFunction", "func op_name is_symbol bindings")):
+    """One generated operator function (``func``), the canonical op it runs (``op_name``),
+    whether it builds Symbols (``is_symbol``) and its ``[(module, attribute)]`` bindings.
 
-    func: types.FunctionType
-    op_name: str               # canonical operator name
-    is_symbol: bool            # builds Symbols (mx.sym...) rather than running on NDArrays
-    bindings: tuple            # ((module, attribute name), ...) where the function is bound
+    A named tuple: thousands are made at every ``amp.init``.
+    """
+
+    __slots__ = ()
+
+
+def _embedded_handle(func):
+    known = _known_handles()
+    for const in func.__code__.co_consts:
+        if type(const) is int and const in known:  # pylint: disable=unidiomatic-typecheck
+            return const
+    return None
 
 
 def op_function_name(func):
@@ -107,49 +265,69 @@ def op_function_name(func):
     >>> op_function_name(mx.nd.flatten)
     'Flatten'
     """
-    return _op_of(func, registered_ops().by_handle)
-
-
-def _op_of(func, by_handle):
     code = getattr(func, "__code__", None)
-    if code is None:
+    if code is None or code.co_filename != _GENERATED:
         return None
-    for const in code.co_consts:
-        if type(const) is int and const in by_handle:  # pylint: disable=unidiomatic-typecheck
-            return by_handle[const]
-    return None
+    handle = _embedded_handle(func)
+    return _name_of_handle(handle) if handle is not None else None
+
+
+@functools.lru_cache(maxsize=None)
+def _name_of_handle(handle):
+    return mxp.op_name(handle)    # only ever called with a registered handle
 
 
 def find_op_functions():
     """Every generated operator function bound in MXNet's operator namespaces.
 
     A function bound under several names (``mx.nd.relu`` and ``mx.nd.op.relu``) is listed once
-    with all its bindings, so that it is wrapped once.
+    with all its bindings, so that it is wrapped once. Only functions MXNet compiled from
+    generated code are looked at, and each distinct handle is named once (a cheap C call).
 
     >>> fns = find_op_functions()
     >>> any(f.op_name == 'FullyConnected' and f.is_symbol for f in fns)
     True
     """
-    found = {}
-    by_handle = registered_ops().by_handle
-    for mod_name, module in sorted(sys.modules.items()):
+    found = {}                      # id(function) -> [function, op name, is_symbol, bindings]
+    known, names = _known_handles(), _name_of_handle
+    function_type = types.FunctionType
+    for mod_name, module in list(sys.modules.items()):
         if module is None or not mod_name.startswith(NAMESPACE_PREFIXES):
             continue
+        is_symbol_module = ".symbol" in mod_name
         for attr, value in list(vars(module).items()):
-            if not isinstance(value, types.FunctionType):
+            if type(value) is not function_type:  # pylint: disable=unidiomatic-typecheck
                 continue
-            key = id(value)
-            if key in found:
-                found[key][3].append((module, attr))
+            entry = found.get(id(value))
+            if entry is not None:
+                entry[3].append((module, attr))
                 continue
-            op_name = _op_of(value, by_handle)
-            if op_name is None:
+            code = value.__code__
+            if code.co_filename != _GENERATED:
                 continue
-            is_symbol = ".symbol" in mod_name or value.__module__.startswith(("symbol",
-                                                                                "mxnet.symbol"))
-            found[key] = [value, op_name, is_symbol, [(module, attr)]]
-    return [OpFunction(func=f, op_name=o, is_symbol=s, bindings=tuple(b))
-            for f, o, s, b in found.values()]
+            handle = None
+            for const in code.co_consts:      # a plain loop: thousands of functions
+                if type(const) is int and const in known:  # pylint: disable=unidiomatic-typecheck
+                    handle = const
+                    break
+            if handle is None:
+                continue
+            is_symbol = is_symbol_module or value.__module__.startswith(("symbol",
+                                                                         "mxnet.symbol"))
+            found[id(value)] = [value, names(handle), is_symbol, [(module, attr)]]
+    return [OpFunction(*entry) for entry in found.values()]
+
+
+@functools.lru_cache(maxsize=None)
+def op_functions():
+    """:func:`find_op_functions`, computed once: MXNet generates its operator functions at
+    ``import mxnet``, so the answer is a fact of the process (``import mxamp`` computes it, and
+    ``amp.init`` checks that each binding still holds the function before replacing it).
+
+    >>> op_functions() is op_functions()
+    True
+    """
+    return tuple(find_op_functions())
 
 
 @functools.lru_cache(maxsize=None)
@@ -161,5 +339,5 @@ def gpu_available():
     """
     try:
         return mx.context.num_gpus() > 0
-    except mx.base.MXNetError:
+    except mxp.MXNetError:
         return False

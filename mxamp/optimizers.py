@@ -28,9 +28,8 @@ import mxnet as mx
 from mxnet.optimizer import Updater
 
 from . import dtypes
-
-# MXNet's own cast, captured at import (before amp.init can wrap it).
-_AMP_CAST = mx.nd.amp_cast
+from .casting import cast, cast_into
+from .mxnet_private import TrainerView, set_optimizer_device
 
 #: First element of a bfloat16 parameter's updater state (marks mxamp's layout).
 MASTER_TAG = "mxamp-fp32-master"
@@ -73,7 +72,7 @@ class MasterWeightUpdater(Updater):
     def _master_state(self, index, weight):
         state = self.states.get(index)
         if not _is_master_state(state):
-            master = _AMP_CAST(weight, dtype="float32")
+            master = cast(weight, "float32")
             state = (MASTER_TAG, master, self.optimizer.create_state(index, master))
             self.states_synced[index] = True
         elif not self.states_synced.get(index, False):
@@ -84,13 +83,13 @@ class MasterWeightUpdater(Updater):
 
     def _update_bf16(self, entries):
         device = entries[0][2].context.device_id
-        self.optimizer._set_current_context(device)  # pylint: disable=protected-access
+        set_optimizer_device(self.optimizer, device)
         indices, masters, grads32, inner = [], [], [], []
         for index, grad, weight in entries:
             _, master, state = self._master_state(index, weight)
             indices.append(index)
             masters.append(master)
-            grads32.append(_AMP_CAST(grad, dtype="float32"))
+            grads32.append(cast(grad, "float32"))
             inner.append(state)
         step = self.optimizer.aggregate_num if self.aggregate_updates else 1
         step = max(step, 1)
@@ -103,7 +102,7 @@ class MasterWeightUpdater(Updater):
                 self.optimizer.update(indices[chunk], masters[chunk], grads32[chunk],
                                       inner[chunk])
         for (_, _, weight), master in zip(entries, masters):
-            _AMP_CAST(master, dtype=weight.dtype, out=weight)
+            cast_into(master, weight)
 
 
 def master_weight(updater, index):
@@ -129,14 +128,15 @@ def install_master_weights(trainer):
     >>> install_master_weights(mx.gluon.Trainer([p], 'sgd', kvstore=None))
     False
     """
-    if not any(_is_bf16(p) for p in trainer._params):  # pylint: disable=protected-access
+    view = TrainerView(trainer)
+    if not any(_is_bf16(p) for p in view.params):
         return False
     replaced = []
-    for updater in trainer._updaters:  # pylint: disable=protected-access
+    for updater in view.updaters:
         if not isinstance(updater, MasterWeightUpdater):
             fresh = MasterWeightUpdater(updater.optimizer)
             fresh.states, fresh.states_synced = updater.states, updater.states_synced
             updater = fresh
         replaced.append(updater)
-    trainer._updaters = replaced  # pylint: disable=protected-access
+    view.updaters = replaced
     return True

@@ -37,6 +37,7 @@ import mxnet as mx
 import numpy as np
 
 from . import dtypes
+from .casting import cast
 
 # The operator functions as MXNet ships them, captured when mxamp is imported (before
 # amp.init can wrap them): the checks must see the gradients exactly as they are.
@@ -59,12 +60,6 @@ has_nonfinite: True when any array holds an Inf or a NaN.
 bad_indices: positions (in the input list) of the arrays that hold one.
 sum_squares: per-array sums of squares as float64 (None for arrays checked by flag only).
 """
-
-
-def _as_float32_or_wider(array):
-    if dtypes.name_of(array.dtype) in ("float32", "float64"):
-        return array
-    return _ND.amp_cast(array, dtype="float32")
 
 
 def _dense(array):
@@ -99,7 +94,7 @@ class _Plan:
             columns = dense.size // dense.shape[0] if dense.ndim >= 2 and dense.size else 0
             if squares_for_all or dense.size < LARGE_ARRAY:
                 groups[(dense.context, dtype)].append(i)
-            elif (dtype == "float32" and dense.context.device_type.startswith("cpu")
+            elif (dtype == "float32" and dtypes.is_cpu(dense.context)
                   and 0 < columns <= _MAX_PROBE_COLUMNS):
                 self.probed[i] = columns
                 groups[(dense.context, dtype)].append(i)
@@ -123,8 +118,7 @@ class _Plan:
     def launch(self, arrays):
         """Queue the checks; return the per-array result vectors in :attr:`order`."""
         ready = [_dense(a) for a in arrays]
-        ready = [_ND.amp_cast(a, dtype="float32") if cast else a
-                 for a, cast in zip(ready, self.needs_cast)]
+        ready = [cast(a, "float32") if needs else a for a, needs in zip(ready, self.needs_cast)]
         for i, columns in self.probed.items():
             zero = self.zeros[ready[i].context][:columns].reshape((1, columns))  # a view
             ready[i] = _ND.fully_connected(ready[i].reshape((-1, columns)), zero,
@@ -144,7 +138,10 @@ def _gather_to_host(vectors):
 
 
 def _exactly_finite(array):
-    return bool(_ND.all_finite(_as_float32_or_wider(_dense(array))).asscalar())
+    dense = _dense(array)
+    if dtypes.name_of(dense.dtype) != "float64":
+        dense = cast(dense, "float32")
+    return bool(_ND.all_finite(dense).asscalar())
 
 
 def _run(plan, arrays):

@@ -1,115 +1,172 @@
 """``amp.init``: patch MXNet's operator namespaces so every op runs in its listed precision.
 
-All of mxamp's global state lives in the one :class:`PatchRegistry` held by this module: which
-target dtype is active, which op lists (with the user's overrides) apply, and every function it
-replaced, so that the patch can be inspected (:func:`patch_state`) and undone (:func:`reset`).
+The patch is recorded in :data:`mxamp.state.STATE` (target, op lists, device plans, every
+function replaced), so that it can be inspected (:func:`patch_state`) and undone
+(:func:`reset`). ``init`` takes a few milliseconds: it names each generated operator function
+by the handle it embeds (:mod:`mxamp.opfuncs`), looks its op up in the lists once, and binds a
+light wrapper (:mod:`mxamp.wrappers`). Graphs that hybridized blocks built before are not
+searched for: a block's cached graph carries the AMP *generation* it was built under, and a
+block whose graph is from another generation rebuilds it at its next call.
 
 >>> from mxamp import amp
->>> amp.init(target_dtype='bfloat16')                       # doctest: +SKIP
->>> amp.patch_state()['target_dtype']                      # doctest: +SKIP
+>>> amp.init(target_dtype='bfloat16')
+>>> amp.patch_state()['target_dtype']
 'bfloat16'
+>>> amp.reset()
 """
 import contextlib
 import gc
 import logging
-import threading
 import time
 import types
 
 import mxnet as mx
+from mxnet.gluon import HybridBlock
 
-from . import devices, dtypes, opfuncs, wrappers
-from .casting import RECORDING_CASTS, SYMBOL_DTYPES
+from . import devices, dtypes, mxnet_private as mxp, opfuncs, wrappers
+from .errors import AmpArgumentError
 from .lists import get_op_lists
+from .loss_outputs import wrap_loss_output
+from .state import STATE
 
 LOG = logging.getLogger(__name__)
 
 
-class PatchRegistry:
-    """The patch ``amp.init`` applied: target, op lists and the replaced functions."""
+def _policies(lists, target, cpu_plan, symbol_plan):
+    """op name -> :class:`~mxamp.wrappers.Policy`, built on first need (ops without a category
+    get None)."""
+    cache = {}
+    unknown_is_fp32 = not symbol_plan.low_precision
 
-    def __init__(self):
-        self.target = None
-        self.lists = None
-        self.arguments = None
-        self.cpu_plan = None        # devices.DevicePlan of this CPU
-        self.symbol_plan = None     # the plan graphs are built for (GPU if present, else CPU)
-        self.replaced = []          # (module, attribute, original, wrapper)
-        self.categories = {}        # category -> number of wrapped functions
-        self.init_seconds = 0.0
-        self.lock = threading.RLock()
-
-    @property
-    def active(self):
-        return self.target is not None
-
-    def apply(self, target, lists, cpu_plan, symbol_plan):
-        """Wrap every generated operator function according to ``lists`` and the device plans."""
-        start = time.perf_counter()
-        from .loss_outputs import wrap_loss_output  # pylint: disable=import-outside-toplevel
-        for fn in opfuncs.find_op_functions():
-            policy = _policy(lists, fn.op_name, target, cpu_plan, symbol_plan)
-            if policy is None:
-                continue
-            wrapped = wrappers.make_wrapper(fn.func, policy, fn.is_symbol)
-            if fn.op_name in lists.loss_output:
-                wrapped = wrap_loss_output(wrapped, fn.op_name, fn.is_symbol)
-            for module, attr in fn.bindings:
-                setattr(module, attr, wrapped)
-                self.replaced.append((module, attr, fn.func, wrapped))
-            self.categories[policy.category] = self.categories.get(policy.category, 0) + 1
-        self._hook_record_scopes()
-        self.target, self.lists = target, lists
-        self.cpu_plan, self.symbol_plan = cpu_plan, symbol_plan
-        self.init_seconds = time.perf_counter() - start
-
-    def _hook_record_scopes(self):
-        """Open and close the per-``record()`` cast cache with autograd's recording scopes."""
-        scope = mx.autograd._RecordingStateScope  # pylint: disable=protected-access
-        enter, exit_ = scope.__enter__, scope.__exit__
-
-        def __enter__(this):
-            was_recording = mx.autograd.is_recording()
-            out = enter(this)
-            if this._enter_is_record and not was_recording:  # pylint: disable=protected-access
-                RECORDING_CASTS.begin()
-            return out
-
-        def __exit__(this, *exc):
-            out = exit_(this, *exc)
-            if not mx.autograd.is_recording():
-                RECORDING_CASTS.end()
-            return out
-
-        for name, new, old in (("__enter__", __enter__, enter), ("__exit__", __exit__, exit_)):
-            setattr(scope, name, new)
-            self.replaced.append((scope, name, old, new))
-
-    def restore(self):
-        """Put every original function back."""
-        for module, attr, original, wrapped in reversed(self.replaced):
-            if getattr(module, attr, None) is wrapped:
-                setattr(module, attr, original)
-        self.__init__()
+    def policy(op_name):
+        found = cache.get(op_name, cache)
+        if found is not cache:
+            return found
+        category = lists.category(op_name)
+        if category is None:
+            cache[op_name] = None
+            return None
+        fp32_on_cpu = op_name in cpu_plan.fp32_ops
+        found = cache[op_name] = wrappers.Policy(
+            category=category, target=target, op_name=op_name,
+            fp32_params=tuple(lists.fp32_params.get(op_name, ())),
+            condition=lists.conditional_fp32.get(op_name, ()), fp32_on_cpu=fp32_on_cpu,
+            # float16 GEMMs warn once each when they fall back to float32 on a CPU
+            warn_on_cpu=fp32_on_cpu and target == "float16" and category == "low_precision",
+            # nothing AMP builds can be low precision: a Symbol of unknown dtype is float32
+            unknown_is_fp32=unknown_is_fp32)
+        return found
+    return policy
 
 
-def _policy(lists, op_name, target, cpu_plan, symbol_plan):
-    category = lists.category(op_name)
-    if category is None:
-        return None
-    cond = lists.conditional_fp32.get(op_name, ())
-    fp32_on_cpu = op_name in cpu_plan.fp32_ops
-    return wrappers.Policy(
-        category=category, target=target, op_name=op_name,
-        fp32_params=tuple(lists.fp32_params.get(op_name, ())),
-        condition=cond, fp32_on_cpu=fp32_on_cpu,
-        # float16 ops named in NO_CPU_KERNEL warn once each when they fall back on a CPU
-        warn_on_cpu=fp32_on_cpu and target == "float16" and category == "low_precision",
-        # nothing AMP builds can be low precision: a Symbol of unknown dtype is float32
-        unknown_is_fp32=not symbol_plan.low_precision)
+@contextlib.contextmanager
+def _collection_deferred():
+    """No garbage collection inside: after ``import mxnet`` the heap holds hundreds of thousands
+    of objects, and the few thousand small ones mxamp makes may trigger a full collection of
+    them (~70-90 ms on two cores). It runs later, at the program's next allocations, as it
+    would have without mxamp."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
-REGISTRY = PatchRegistry()
+def prepare():
+    """Compute once what every ``amp.init`` needs (called by ``import mxamp``, ~20 ms).
+
+    The operator functions MXNet generated (:func:`mxamp.opfuncs.op_functions`), both
+    targets' op lists, and the reference's module whose ``_amp_initialized`` flag ``init``
+    sets: all facts of the process, so that ``init`` itself takes a few milliseconds.
+
+    >>> prepare()
+    """
+    with _collection_deferred():
+        opfuncs.op_functions()
+        for target in dtypes.TARGETS:
+            get_op_lists(target)
+    mxp.set_reference_initialized(False)
+
+
+def _apply(lists):
+    """Wrap every generated operator function according to ``lists`` and the device plans."""
+    policy_of = _policies(lists, STATE.target, STATE.cpu_plan, STATE.symbol_plan)
+    replaced, categories = STATE.replaced, STATE.categories
+    loss_output, make_wrapper = lists.loss_output, wrappers.make_wrapper
+    for func, op_name, is_symbol, bindings in opfuncs.op_functions():
+        policy = policy_of(op_name)
+        if policy is None or (not is_symbol and policy.category == "neutral"
+                              and not policy.fp32_on_cpu and op_name not in loss_output):
+            # an NDArray's dtype is seen at call time: a dtype-neutral op needs no wrapper
+            # (Symbols keep theirs, which track the dtype of what they build)
+            continue
+        wrapped = None
+        for module, attr in bindings:
+            if module.__dict__.get(attr) is not func:
+                continue          # re-bound since import (by the user or another library)
+            if wrapped is None:
+                wrapped = make_wrapper(func, policy, is_symbol)
+                if op_name in loss_output:
+                    wrapped = wrap_loss_output(wrapped, op_name, is_symbol)
+                categories[policy.category] = categories.get(policy.category, 0) + 1
+            setattr(module, attr, wrapped)
+            replaced.append((module, attr, func, wrapped))
+    _hook_record_scopes()
+    _hook_block_graphs()
+
+
+def _hook_record_scopes():
+    """Open and close the per-``record()`` cast cache with autograd's recording scopes."""
+    scope = mxp.RecordingScope
+    enter, exit_ = scope.__enter__, scope.__exit__
+    casts = STATE.recording_casts
+
+    def __enter__(this):
+        was_recording = mx.autograd.is_recording()
+        out = enter(this)
+        if mxp.scope_starts_recording(this) and not was_recording:
+            casts.begin()
+        return out
+
+    def __exit__(this, *exc):
+        out = exit_(this, *exc)
+        if not mx.autograd.is_recording():
+            casts.end()
+        return out
+
+    for name, new, old in (("__enter__", __enter__, enter), ("__exit__", __exit__, exit_)):
+        setattr(scope, name, new)
+        STATE.replaced.append((scope, name, old, new))
+
+
+_GENERATION_ATTR = "_mxamp_generation"
+
+
+def _hook_block_graphs():
+    """Make a hybridized block rebuild a graph built under another AMP generation.
+
+    Installed at the first ``init`` and kept for the life of the process (``reset`` changes
+    the generation too, so graphs built with casts are rebuilt without them). The check is one
+    attribute comparison per call of a hybridized block."""
+    original = getattr(HybridBlock, mxp.BLOCK_CALL_METHOD)
+    if getattr(original, "__mxamp_original__", None) is not None:
+        return
+
+    def call_cached_op(block, *args):
+        generation = STATE.generation
+        if block.__dict__.get(_GENERATION_ATTR) != generation:
+            view = mxp.BlockView(block)
+            if view.cached_op is not None:
+                view.clear_cached_op()
+            block.__dict__[_GENERATION_ATTR] = generation
+        return original(block, *args)
+
+    call_cached_op.__mxamp_original__ = original
+    call_cached_op.__name__ = original.__name__
+    call_cached_op.__doc__ = original.__doc__
+    setattr(HybridBlock, mxp.BLOCK_CALL_METHOD, call_cached_op)
 
 
 def init(target_dtype="float16", target_precision_ops=None, conditional_fp32_ops=None,
@@ -122,111 +179,94 @@ def init(target_dtype="float16", target_precision_ops=None, conditional_fp32_ops
     elsewhere (with one log line saying why; AMP, and so the loss scaler's skipping of
     non-finite steps, stays on). ``target_precision_ops``, ``fp32_ops``
     (lists of op names) and ``conditional_fp32_ops`` (``(op, parameter, [values])``) replace
-    the default list of their category. Calling ``init`` again with the same arguments does
-    nothing; with different ones it raises ``RuntimeError`` (call :func:`reset` first).
-    Hybridized blocks that already built their graph rebuild it on their next call.
+    the default list of their category; names appended to the reference's module lists
+    (``amp.lists.symbol_fp16.FP32_FUNCS``, ...) before ``init`` take effect too. Calling
+    ``init`` again with the same arguments does nothing; with different ones it raises
+    ``RuntimeError`` (call :func:`reset` first). Hybridized blocks that already built their
+    graph rebuild it on their next call.
 
     On a CPU, ops without a kernel for the target compute in float32 with their inputs cast
     (float16 on any CPU; bfloat16 on CPUs of class 'none', see :mod:`mxamp.devices`), and a
     bfloat16 request on a CPU that lacks kernels or only emulates them warns once. Where
     nothing can run in low precision, training gives float32's results bit for bit.
+    Bad arguments raise :class:`~mxamp.errors.AmpArgumentError` and leave AMP as it was.
 
+    >>> import mxnet as mx
     >>> from mxamp import amp
-    >>> amp.init('bfloat16')                                   # doctest: +SKIP
-    >>> mx.nd.FullyConnected(x, w, no_bias=True, num_hidden=4).dtype   # doctest: +SKIP
-    dtype([('bfloat16', '<u2')])
+    >>> amp.init('float16')
+    >>> y = mx.nd.softmax(mx.nd.ones((2, 3), dtype='float16'))  # softmax runs in float32
+    >>> y.dtype
+    <class 'numpy.float32'>
+    >>> amp.reset()
     """
     requested = dtypes.normalize_request(target_dtype)
     target = devices.target_for(requested, devices.GPU if opfuncs.gpu_available()
                                 else devices.cpu_class())
-    arguments = (requested, _frozen(target_precision_ops), _frozen(conditional_fp32_ops),
-                 _frozen(fp32_ops))
-    with REGISTRY.lock:
-        if REGISTRY.active:
-            if REGISTRY.arguments == arguments:
+    arguments = (requested, _frozen(target_precision_ops, "target_precision_ops"),
+                 _frozen(conditional_fp32_ops, "conditional_fp32_ops"),
+                 _frozen(fp32_ops, "fp32_ops"))
+    with STATE.lock:
+        if STATE.patched:
+            if STATE.arguments == arguments:
                 return
             raise RuntimeError(
                 "amp.init was already called with target_dtype=%r%s; a process runs one AMP "
-                "configuration. Call mxamp.patching.reset() before initialising again."
-                % (REGISTRY.target, "" if REGISTRY.target != target else
+                "configuration. Call amp.reset() before initialising again."
+                % (STATE.requested, "" if STATE.requested != requested else
                    " and other op-list overrides"))
-        lists = get_op_lists(target).with_overrides(
-            target_precision_ops=target_precision_ops, conditional_fp32_ops=conditional_fp32_ops,
-            fp32_ops=fp32_ops, known_ops=opfuncs.registered_ops().names,
-            canonical=opfuncs.registered_ops().canonical)
-        lists = _canonicalize(lists)
-        cpu_plan = devices.plan(requested, lists, devices.cpu_class())
-        symbol_plan = devices.plan(requested, lists, devices.symbol_device())
-        REGISTRY.apply(target, lists, cpu_plan, symbol_plan)
-        REGISTRY.arguments = arguments
-        _set_reference_flag(True)
-        rebuilt = _drop_cached_graphs()
-    devices.warn_once(devices.cpu_notice(cpu_plan))
+        start = time.perf_counter()
+        with _collection_deferred():
+            _init_locked(requested, target, arguments, target_precision_ops, fp32_ops,
+                         conditional_fp32_ops)
+        STATE.init_seconds = time.perf_counter() - start
+    devices.warn_once(devices.cpu_notice(STATE.cpu_plan))
     if requested == dtypes.AUTO:
-        LOG.info("mxamp: %s", cpu_plan.describe())
-    LOG.info("mxamp: AMP on, target %s; %d operator functions wrapped in %.0f ms%s", target,
-             len(REGISTRY.replaced), REGISTRY.init_seconds * 1e3,
-             "; %d hybridized blocks will rebuild their graph" % rebuilt if rebuilt else "")
+        LOG.info("mxamp: %s", STATE.cpu_plan.describe())
+    LOG.info("mxamp: AMP on, target %s; %d operator functions wrapped in %.1f ms", target,
+             len(STATE.replaced), STATE.init_seconds * 1e3)
 
 
-def _frozen(value):
+def _init_locked(requested, target, arguments, target_precision_ops, fp32_ops,
+                 conditional_fp32_ops):
+    """The body of :func:`init`, with the lock held."""
+    lists = opfuncs.lists_for(target, target_precision_ops=target_precision_ops,
+                              fp32_ops=fp32_ops, conditional_fp32_ops=conditional_fp32_ops)
+    STATE.requested, STATE.target, STATE.lists, STATE.arguments = (requested, target, lists,
+                                                                   arguments)
+    STATE.cpu_plan = devices.plan(requested, lists, devices.cpu_class())
+    STATE.symbol_plan = devices.plan(requested, lists, devices.symbol_device())
+    STATE.generation += 1
+    _apply(lists)
+    mxp.set_reference_initialized(True)
+
+
+def _frozen(value, what):
+    """An override argument in a hashable form (for the re-init check); its shape is checked
+    by the op lists."""
     if value is None:
         return None
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise AmpArgumentError("%s must be a list, got %s" % (what, type(value).__name__))
     return tuple(tuple(v) if isinstance(v, list) else v for v in value)
 
 
-def _canonicalize(lists):
-    """Lists may name an alias (``flatten``); the patcher looks ops up by canonical name."""
-    canon = opfuncs.registered_ops().canonical
-    from dataclasses import replace  # pylint: disable=import-outside-toplevel
-
-    def names(ops):
-        return frozenset(canon.get(o, o) for o in ops)
-
-    return replace(
-        lists, low_precision=names(lists.low_precision), fp32=names(lists.fp32),
-        widest=names(lists.widest), neutral=names(lists.neutral),
-        conditional_fp32={canon.get(k, k): v for k, v in lists.conditional_fp32.items()},
-        loss_output=names(lists.loss_output), no_cpu_kernel=names(lists.no_cpu_kernel),
-        fp32_params={canon.get(k, k): v for k, v in lists.fp32_params.items()},
-        no_kernel_by_cpu_class={c: names(o) for c, o in lists.no_kernel_by_cpu_class.items()})
-
-
-def _set_reference_flag(value):
-    """Libraries test ``mxnet.contrib.amp.amp._amp_initialized`` (GluonNLP's attention cell)."""
-    try:
-        from mxnet.contrib.amp import amp as reference  # pylint: disable=import-outside-toplevel
-    except ImportError:  # pragma: no cover - every MXNet 1.9 build ships contrib.amp
-        return
-    reference._amp_initialized = value  # pylint: disable=protected-access
-
-
-def _drop_cached_graphs():
-    """Make hybridized blocks that already built their graph rebuild it (now with casts)."""
-    from mxnet.gluon import HybridBlock  # pylint: disable=import-outside-toplevel
-    count = 0
-    for obj in gc.get_objects():
-        if isinstance(obj, HybridBlock) and getattr(obj, "_cached_graph", ()):
-            obj._clear_cached_op()  # pylint: disable=protected-access
-            count += 1
-    return count
-
-
 def reset():
-    """Undo :func:`init`: restore every original operator function (mainly for tests).
+    """Undo :func:`init` and forget every process-wide state mxamp keeps (thread-safe).
+
+    Restores every original operator function and clears :data:`mxamp.state.STATE`: the
+    trainers seen by ``init_trainer``, the warnings given once, the cast caches. Graphs that
+    hybridized blocks built under AMP are rebuilt at their next call.
 
     >>> from mxamp import patching
     >>> patching.reset(); patching.is_initialized()
     False
     """
-    with REGISTRY.lock:
-        was_active = REGISTRY.active
-        REGISTRY.restore()
-        SYMBOL_DTYPES.clear()
-        RECORDING_CASTS.end()
-        _set_reference_flag(False)
-        if was_active:
-            _drop_cached_graphs()
+    with STATE.lock:
+        for owner, attr, original, wrapped in reversed(STATE.replaced):
+            if getattr(owner, attr, None) is wrapped:
+                setattr(owner, attr, original)
+        mxp.set_reference_initialized(False)
+        STATE.clear()
 
 
 def is_initialized():
@@ -235,7 +275,7 @@ def is_initialized():
     >>> isinstance(is_initialized(), bool)
     True
     """
-    return REGISTRY.active
+    return STATE.patched
 
 
 def target_dtype():
@@ -244,7 +284,7 @@ def target_dtype():
     >>> target_dtype() in (None, 'float16', 'bfloat16')
     True
     """
-    return REGISTRY.target
+    return STATE.target
 
 
 def op_lists():
@@ -253,7 +293,7 @@ def op_lists():
     >>> op_lists() is None or op_lists().target in ('float16', 'bfloat16')
     True
     """
-    return REGISTRY.lists
+    return STATE.lists
 
 
 def patch_state():
@@ -261,29 +301,37 @@ def patch_state():
 
     ``cpu_compute`` is the dtype the low-precision ops compute in on this CPU (``'float32'``
     where it has no kernels for the target, or where ``'auto'`` chose float32), and
-    ``cpu_fp32_ops`` the ops computed in float32 here whatever their category.
+    ``cpu_fp32_ops`` the ops computed in float32 here whatever their category. ``modules`` are
+    the namespaces whose operators AMP governs; ``patched_modules`` those where it replaced a
+    function (an NDArray op that is dtype-neutral needs no wrapper: it runs at its input's dtype).
 
     >>> sorted(patch_state())[:4]
     ['bindings', 'categories', 'cpu_class', 'cpu_compute']
     """
-    modules = sorted({module.__name__ for module, _, _, _ in REGISTRY.replaced
-                      if isinstance(module, types.ModuleType)})
-    cpu_plan = REGISTRY.cpu_plan
+    replaced, cpu_plan = STATE.replaced, STATE.cpu_plan
+    patched = sorted({owner.__name__ for owner, _, _, _ in replaced
+                      if isinstance(owner, types.ModuleType)})
+    # every namespace whose operators AMP governs: in mx.nd.image, say, all ops are
+    # dtype-neutral, so NDArray calls there run unwrapped, at their input's dtype
+    governed = sorted({module.__name__ for entry in opfuncs.op_functions()
+                       for module, _ in entry.bindings}) if STATE.patched else []
     return {
-        "initialized": REGISTRY.active,
-        "target_dtype": REGISTRY.target,
-        "requested_dtype": REGISTRY.arguments[0] if REGISTRY.arguments else None,
+        "initialized": STATE.patched,
+        "target_dtype": STATE.target,
+        "requested_dtype": STATE.requested,
         "cpu_class": devices.cpu_class(),
         "cpu_compute": cpu_plan.compute if cpu_plan else None,
         "cpu_fp32_ops": sorted(cpu_plan.fp32_ops) if cpu_plan else [],
         "cpu_plan": cpu_plan.describe() if cpu_plan else None,
-        "wrapped_functions": len({id(w) for _, _, _, w in REGISTRY.replaced}),
-        "bindings": len(REGISTRY.replaced),
-        "categories": dict(REGISTRY.categories),
-        "modules": modules,
-        "init_ms": round(REGISTRY.init_seconds * 1e3, 1),
+        "wrapped_functions": len({id(w) for _, _, _, w in replaced}),
+        "bindings": len(replaced),
+        "categories": dict(STATE.categories),
+        "modules": governed,
+        "patched_modules": patched,
+        "init_ms": round(STATE.init_seconds * 1e3, 1),
         "disabled": not wrappers.amp_enabled(),
-        "tracked_symbols": len(SYMBOL_DTYPES),
+        "tracked_symbols": len(STATE.symbol_dtypes),
+        "generation": STATE.generation,
     }
 
 
@@ -296,13 +344,18 @@ def disabled():
     dtype, as without AMP, so float32 inputs mean float32 everywhere. Imperative calls and
     graphs built inside the region are affected; a hybridized block keeps the graph it built.
 
+    >>> import mxnet as mx
     >>> from mxamp import amp
-    >>> with amp.disabled():                                 # doctest: +SKIP
-    ...     loss = custom_loss(pred, label)                  # runs in float32
+    >>> amp.init('bfloat16')
+    >>> x = mx.nd.ones((2, 4)); w = mx.nd.ones((3, 4))
+    >>> with amp.disabled():
+    ...     mx.nd.FullyConnected(x, w, no_bias=True, num_hidden=3).dtype
+    <class 'numpy.float32'>
+    >>> amp.reset()
     """
-    state = wrappers.STATE
-    state.disabled = getattr(state, "disabled", 0) + 1
+    local = STATE.thread_local()     # a reset meanwhile must not unbalance a fresh state
+    local.disabled = getattr(local, "disabled", 0) + 1
     try:
         yield
     finally:
-        state.disabled -= 1
+        local.disabled -= 1

@@ -26,10 +26,10 @@ import ctypes
 import json
 from array import array
 
-from mxnet.base import SymbolHandle, _LIB, c_array_buf, c_str_array, check_call, mx_uint
 from mxnet.symbol import Symbol
 
 from . import dtypes
+from .mxnet_private import LIB, SymbolHandle, c_array_buf, c_str_array, check_call, mx_uint
 
 #: Ops the pass itself inserts; they belong to no op list.
 CAST_OPS = ("amp_cast", "amp_multicast")
@@ -61,7 +61,7 @@ def reduce_precision(sym, target, low_precision, fp32, widest, conditional_fp32=
     low_precision, fp32, widest, excluded = (sorted(v) for v in (low_precision, fp32, widest,
                                                                  excluded))
     out = SymbolHandle()
-    check_call(_LIB.MXReducePrecisionSymbol(
+    check_call(LIB.MXReducePrecisionSymbol(
         sym.handle, ctypes.byref(out),
         mx_uint(len(data_names)),
         c_array_buf(ctypes.c_int, array("i", [dtypes.TYPE_FLAGS["float32"]] * len(data_names))),
@@ -123,13 +123,12 @@ def param_dtypes(sym):
     >>> param_dtypes(mx.sym.var('w', dtype='float16'))
     {'w': 'float16'}
     """
-    flag_to_name = {flag: name for name, flag in dtypes.TYPE_FLAGS.items()}
     attrs = sym.attr_dict()
     out = {}
     for name in sym.list_inputs():
         flag = attrs.get(name, {}).get("__dtype__")
-        if flag is not None and int(flag) in flag_to_name:
-            out[name] = flag_to_name[int(flag)]
+        if flag in dtypes.FLAG_NAMES:
+            out[name] = dtypes.FLAG_NAMES[flag]
     return out
 
 

@@ -4,13 +4,13 @@ This module knows nothing about MXNet. It is told, once per optimizer step, whet
 gradients were finite, and answers with the scale the next step must use. The Trainer
 integration (:mod:`mxamp.trainer`) feeds it and applies its answer.
 
-Rules, with the default values of :class:`LossScaler`:
+Rules (the options and their defaults are the fields of :class:`ScalerConfig`, written once
+there and shown by ``help(LossScaler)`` and ``help(amp.init_trainer)``):
 
-* an overflowed step is always skipped by the caller; ``hysteresis`` (1) overflows since the
-  last scale change make the scale back off: ``scale * backoff_factor`` (0.5), never below
-  ``min_scale`` (1.0);
-* after ``growth_interval`` (2000) clean steps in a row the scale grows:
-  ``scale * growth_factor`` (2.0), never above ``max_scale`` (2**24);
+* an overflowed step is always skipped by the caller; ``hysteresis`` overflows since the last
+  scale change make the scale back off: ``scale * backoff_factor``, never below ``min_scale``;
+* after ``growth_interval`` clean steps in a row the scale grows: ``scale * growth_factor``,
+  never above ``max_scale``;
 * a new scale is in force from the very next step;
 * ``dynamic=False`` keeps the scale fixed (static loss scaling; skipping still happens).
 
@@ -22,9 +22,43 @@ Rules, with the default values of :class:`LossScaler`:
 """
 import collections
 import math
+from dataclasses import asdict, dataclass
+
+from .errors import AmpArgumentError
 
 #: How many scale changes :attr:`LossScaler.history` keeps (oldest dropped first).
 HISTORY_LENGTH = 1000
+#: Version of :meth:`LossScaler.state_dict`'s format (mxamp 0.1.0's, without a version, is 0).
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ScalerConfig:
+    """Every option of :class:`LossScaler`, with its default: the one place they are written.
+
+    The defaults are float16's; :data:`TARGET_DEFAULTS` holds each target's.
+
+    >>> ScalerConfig().growth_interval, TARGET_DEFAULTS['bfloat16'].init_scale
+    (2000, 1.0)
+    """
+
+    init_scale: float = 2.0 ** 16      #: the scale of the first step
+    growth_factor: float = 2.0         #: multiplier after growth_interval clean steps (> 1)
+    backoff_factor: float = 0.5        #: multiplier on overflow (between 0 and 1)
+    growth_interval: int = 2000        #: clean steps in a row before the scale grows
+    min_scale: float = 1.0             #: the scale never backs off below this
+    max_scale: float = 2.0 ** 24       #: the scale never grows above this
+    hysteresis: int = 1                #: back off on the N-th overflow since the last change
+    dynamic: bool = True               #: False keeps init_scale forever (static scaling)
+
+
+#: The float16 defaults, as used by signatures.
+DEFAULTS = ScalerConfig()
+#: Per target: float16 needs a large dynamic scale; bfloat16 (float32's exponent range) and
+#: float32 compute need none: a static scale of 1.0, whose steps are still checked and skipped.
+TARGET_DEFAULTS = {"float16": DEFAULTS,
+                   "bfloat16": ScalerConfig(init_scale=1.0, dynamic=False),
+                   "float32": ScalerConfig(init_scale=1.0, dynamic=False)}
 
 StepOutcome = collections.namedtuple(
     "StepOutcome", ["skipped", "old_scale", "new_scale", "stuck_at_min_scale"])
@@ -44,60 +78,49 @@ def _positive_finite(name, value):
     try:
         value = float(value)
     except (TypeError, ValueError):
-        raise TypeError("%s must be a number, got %r" % (name, value)) from None
+        raise AmpArgumentError("%s must be a number, got %r" % (name, value)) from None
     if not math.isfinite(value) or value <= 0:
-        raise ValueError("%s must be a finite number > 0, got %r" % (name, value))
+        raise AmpArgumentError("%s must be a finite number > 0, got %r" % (name, value))
     return value
 
 
 def _positive_int(name, value):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError("%s must be an integer >= 1, got %r" % (name, value))
+        raise AmpArgumentError("%s must be an integer >= 1, got %r" % (name, value))
     return value
 
 
 class LossScaler:
     """Dynamic (or static) loss scale with growth, backoff, bounds and hysteresis.
 
-    Parameters
-    ----------
-    init_scale : float, default 2**16
-        The scale of the first step.
-    growth_factor : float, default 2.0
-        Multiplier applied after ``growth_interval`` clean steps in a row (> 1).
-    backoff_factor : float, default 0.5
-        Multiplier applied on overflow (between 0 and 1).
-    growth_interval : int, default 2000
-        Clean steps in a row before the scale grows.
-    min_scale : float, default 1.0
-        The scale never backs off below this; overflow at ``min_scale`` keeps skipping steps.
-    max_scale : float, default 2**24
-        The scale never grows above this.
-    hysteresis : int, default 1
-        Back off on the N-th overflow since the last scale change (1 = on every overflow).
-    dynamic : bool, default True
-        False keeps ``init_scale`` forever (static loss scaling).
+    The options are those of :class:`ScalerConfig` (its docs say what each does); overflow at
+    ``min_scale`` keeps skipping steps. Bad options raise
+    :class:`~mxamp.errors.AmpArgumentError` naming the option.
 
     >>> LossScaler(init_scale=4.0, dynamic=False).update(True).new_scale
     4.0
+    >>> LossScaler.from_config(TARGET_DEFAULTS['bfloat16']).scale
+    1.0
     """
 
-    def __init__(self, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5,
-                 growth_interval=2000, min_scale=1.0, max_scale=2.0 ** 24, hysteresis=1,
-                 dynamic=True):
+    def __init__(self, init_scale=DEFAULTS.init_scale, growth_factor=DEFAULTS.growth_factor,
+                 backoff_factor=DEFAULTS.backoff_factor,
+                 growth_interval=DEFAULTS.growth_interval, min_scale=DEFAULTS.min_scale,
+                 max_scale=DEFAULTS.max_scale, hysteresis=DEFAULTS.hysteresis,
+                 dynamic=DEFAULTS.dynamic):
         self.growth_factor = _positive_finite("growth_factor", growth_factor)
         self.backoff_factor = _positive_finite("backoff_factor", backoff_factor)
         if self.growth_factor <= 1.0:
-            raise ValueError("growth_factor must be > 1, got %r" % (growth_factor,))
+            raise AmpArgumentError("growth_factor must be > 1, got %r" % (growth_factor,))
         if self.backoff_factor >= 1.0:
-            raise ValueError("backoff_factor must be < 1, got %r" % (backoff_factor,))
+            raise AmpArgumentError("backoff_factor must be < 1, got %r" % (backoff_factor,))
         self.growth_interval = _positive_int("growth_interval", growth_interval)
         self.hysteresis = _positive_int("hysteresis", hysteresis)
         self.min_scale = _positive_finite("min_scale", min_scale)
         self.max_scale = _positive_finite("max_scale", max_scale)
         if self.min_scale > self.max_scale:
-            raise ValueError("min_scale (%r) must not exceed max_scale (%r)"
-                             % (min_scale, max_scale))
+            raise AmpArgumentError("min_scale (%r) must not exceed max_scale (%r)"
+                                   % (min_scale, max_scale))
         self.dynamic = bool(dynamic)
         self._scale = self._clamped(_positive_finite("init_scale", init_scale), "init_scale")
         self.clean_steps = 0            # clean steps since the last overflow or growth
@@ -106,9 +129,27 @@ class LossScaler:
         self.skipped_steps = 0
         self.history = collections.deque(maxlen=HISTORY_LENGTH)
 
+    @classmethod
+    def from_config(cls, config):
+        """A scaler with the options of a :class:`ScalerConfig`."""
+        return cls(**asdict(config))
+
+    @property
+    def config(self):
+        """The options in force, as a :class:`ScalerConfig` (the scale is the current one).
+
+        >>> LossScaler(hysteresis=2).config.hysteresis
+        2
+        """
+        return ScalerConfig(init_scale=self._scale, growth_factor=self.growth_factor,
+                            backoff_factor=self.backoff_factor,
+                            growth_interval=self.growth_interval, min_scale=self.min_scale,
+                            max_scale=self.max_scale, hysteresis=self.hysteresis,
+                            dynamic=self.dynamic)
+
     def _clamped(self, value, name):
         if self.dynamic and not self.min_scale <= value <= self.max_scale:
-            raise ValueError("%s=%r is outside [min_scale, max_scale] = [%r, %r]"
+            raise AmpArgumentError("%s=%r is outside [min_scale, max_scale] = [%r, %r]"
                              % (name, value, self.min_scale, self.max_scale))
         return value
 
@@ -156,43 +197,60 @@ class LossScaler:
             self._scale = new_scale
 
     def state_dict(self):
-        """Everything needed to resume: options, scale, counters and history (plain Python).
+        """Everything needed to resume: options, scale, counters and history (plain Python),
+        with the format's ``version``.
 
-        >>> LossScaler(init_scale=8.0).state_dict()['scale']
-        8.0
+        >>> state = LossScaler(init_scale=8.0).state_dict()
+        >>> state['scale'], state['version']
+        (8.0, 1)
         """
         state = {key: getattr(self, key) for key in _STATE_KEYS if key != "scale"}
         state["scale"] = self._scale
         state["history"] = list(self.history)
+        state["version"] = STATE_VERSION
         return state
 
     def load_state_dict(self, state):
-        """Restore what :meth:`state_dict` returned; unknown or missing keys are a ValueError.
+        """Restore what :meth:`state_dict` returned, by this or an older mxamp.
+
+        Only ``scale`` is required: an option or counter missing from an older format gets
+        its default (so adding a key never breaks a saved checkpoint); mxamp 0.1.0's format
+        (no ``version``) loads as is. Unknown keys, a newer version or bad values raise
+        :class:`~mxamp.errors.AmpArgumentError`, and then nothing changes.
 
         >>> a = LossScaler(init_scale=8.0); a.update(True).new_scale
         4.0
         >>> b = LossScaler(); b.load_state_dict(a.state_dict()); b.scale, b.skipped_steps
         (4.0, 1)
+        >>> c = LossScaler(); c.load_state_dict({'scale': 2.0}); c.scale, c.growth_interval
+        (2.0, 2000)
         """
         if not isinstance(state, dict):
-            raise TypeError("load_state_dict expects the dict from state_dict(), got %s"
-                            % type(state).__name__)
-        missing = set(_STATE_KEYS) - set(state)
-        unknown = set(state) - set(_STATE_KEYS)
+            raise AmpArgumentError("load_state_dict expects the dict from state_dict(), got %s"
+                                   % type(state).__name__)
+        version = state.get("version", 0)
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise AmpArgumentError("not a LossScaler state: version %r" % (version,))
+        if version > STATE_VERSION:
+            raise AmpArgumentError(
+                "this LossScaler state was saved by a newer mxamp (format version %d; this one "
+                "reads versions up to %d): upgrade mxamp to load it" % (version, STATE_VERSION))
+        missing = {"scale"} - set(state)
+        unknown = set(state) - set(_STATE_KEYS) - {"version"}
         if missing or unknown:
-            raise ValueError("not a LossScaler state: missing keys %s, unknown keys %s"
-                             % (sorted(missing), sorted(unknown)))
+            raise AmpArgumentError("not a LossScaler state: missing keys %s, unknown keys %s"
+                                   % (sorted(missing), sorted(unknown)))
+        options = {key: state.get(key, getattr(DEFAULTS, key))
+                   for key in ("growth_factor", "backoff_factor", "growth_interval",
+                               "min_scale", "max_scale", "hysteresis", "dynamic")}
         # Validate everything on a fresh instance first so a bad state changes nothing here.
-        fresh = LossScaler(init_scale=state["scale"], growth_factor=state["growth_factor"],
-                           backoff_factor=state["backoff_factor"],
-                           growth_interval=state["growth_interval"],
-                           min_scale=state["min_scale"], max_scale=state["max_scale"],
-                           hysteresis=state["hysteresis"], dynamic=state["dynamic"])
+        fresh = LossScaler(init_scale=state["scale"], **options)
         for key in ("clean_steps", "overflows_since_change", "steps", "skipped_steps"):
-            if isinstance(state[key], bool) or not isinstance(state[key], int) or state[key] < 0:
-                raise ValueError("%s must be an integer >= 0, got %r" % (key, state[key]))
-            setattr(fresh, key, state[key])
-        fresh.history.extend(tuple(entry) for entry in state["history"])
+            value = state.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise AmpArgumentError("%s must be an integer >= 0, got %r" % (key, value))
+            setattr(fresh, key, value)
+        fresh.history.extend(tuple(entry) for entry in state.get("history", ()))
         self.__dict__.update(fresh.__dict__)
 
     def __repr__(self):

@@ -20,8 +20,10 @@ import logging
 import threading
 import warnings
 
-from . import overflow
+from . import mxnet_private as mxp, overflow
+from .errors import AmpArgumentError
 from .scaler import LossScaler
+from .state import STATE
 
 LOG = logging.getLogger("mxamp")
 
@@ -42,7 +44,7 @@ class TrainerScaler:
 
     def __init__(self, scaler, target_dtype, skip_nonfinite=True):
         if scaler.dynamic and not skip_nonfinite:
-            raise ValueError("dynamic loss scaling needs skip_nonfinite=True: an overflowed "
+            raise AmpArgumentError("dynamic loss scaling needs skip_nonfinite=True: an overflowed "
                              "step would otherwise write Inf/NaN into the weights")
         self.scaler = scaler
         self.target_dtype = target_dtype
@@ -93,7 +95,7 @@ class TrainerScaler:
     @_scale_seq_len.setter
     def _scale_seq_len(self, value):
         if isinstance(value, bool) or int(value) != value or value < 1:
-            raise ValueError("_scale_seq_len (growth interval) must be an integer >= 1, got %r"
+            raise AmpArgumentError("_scale_seq_len (growth interval) must be an integer >= 1, got %r"
                              % (value,))
         with self.lock:
             self.scaler.growth_interval = int(value)
@@ -106,7 +108,7 @@ class TrainerScaler:
     def _max_loss_scale(self, value):
         value = float(value)
         if value < self.scaler.min_scale:
-            raise ValueError("_max_loss_scale=%r is below min_scale=%r"
+            raise AmpArgumentError("_max_loss_scale=%r is below min_scale=%r"
                              % (value, self.scaler.min_scale))
         with self.lock:
             self.scaler.max_scale = value
@@ -180,12 +182,12 @@ class TrainerScaler:
         4.0
         """
         if not isinstance(state, dict) or "scaler" not in state:
-            raise ValueError("not an mxamp trainer-scaler state: %r" % (state,))
+            raise AmpArgumentError("not an mxamp trainer-scaler state: %r" % (state,))
         scaler = LossScaler()
         scaler.load_state_dict(state["scaler"])
         skip = bool(state.get("skip_nonfinite", True))
         if scaler.dynamic and not skip:
-            raise ValueError("state has dynamic scaling with skip_nonfinite=False")
+            raise AmpArgumentError("state has dynamic scaling with skip_nonfinite=False")
         with self.lock:
             self.scaler = scaler
             self.skip_nonfinite = skip
@@ -208,9 +210,22 @@ def trainable_grads(params):
     """
     grads, owners = [], []
     for param in params:
-        if param.grad_req == "null" or param._grad is None:  # pylint: disable=protected-access
+        if param.grad_req == "null" or mxp.ParamView(param).grad is None:
             continue
         for grad in param.list_grad():
             grads.append(grad)
             owners.append(param.name)
     return grads, owners
+
+
+def current_scaler():
+    """The :class:`TrainerScaler` loss-output ops should follow, or None.
+
+    That is the scaler of the trainer whose ``scale_loss`` is active in this thread, else of
+    the trainer most recently passed to ``init_trainer`` that is still alive.
+
+    >>> current_scaler() is None or current_scaler().loss_scale > 0
+    True
+    """
+    trainer = STATE.current_trainer()
+    return None if trainer is None else mxp.TrainerView(trainer).amp_scaler_or_none()

@@ -25,24 +25,19 @@ ones behaves as ``fp32``.
 >>> relu(mx.nd.ones((2,), dtype='float16')).dtype
 <class 'numpy.float32'>
 """
-import functools
-import inspect
-import threading
 import warnings
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from . import dtypes
-from .casting import NDArray, RECORDING_CASTS, SYMBOL_DTYPES, Symbol, array_dtype
+from .casting import NDArray, Symbol, array_dtype
+from .mxnet_private import rebuild_symbol
 from .opfuncs import gpu_available
+from .state import STATE
 
 _FLOATS = ("float16", "bfloat16", "float32")
 _NOT_INPUTS = ("out", "name", "attr")
 _CAST_OPS = ("Cast", "amp_cast", "_npi_cast")
 _OUTPUT_FOLLOWS_LAST = ("Embedding", "_contrib_SparseEmbedding")
-
-#: Per-thread switch behind ``amp.disabled()``.
-STATE = threading.local()
-
 
 def amp_enabled():
     """False inside ``amp.disabled()`` on this thread.
@@ -50,12 +45,16 @@ def amp_enabled():
     >>> amp_enabled()
     True
     """
-    return not getattr(STATE, "disabled", 0)
+    return not getattr(STATE.local, "disabled", 0)
 
 
-@dataclass(frozen=True)
-class Policy:
-    """What the op lists say about one operator, for one target dtype."""
+class Policy(NamedTuple):
+    """What the op lists say about one operator, for one target dtype (immutable; a named
+    tuple because ``amp.init`` makes hundreds).
+
+    >>> Policy('fp32', 'bfloat16', 'softmax').category
+    'fp32'
+    """
 
     category: str                    # one of mxamp.lists.CATEGORIES
     target: str                      # 'float16' or 'bfloat16'
@@ -67,12 +66,8 @@ class Policy:
     unknown_is_fp32: bool = False    # Symbols of unknown dtype are float32 (nothing is low)
 
 
-_warned_cpu = set()
-
-
 def _warn_cpu_fallback(op_name):
-    if op_name not in _warned_cpu:
-        _warned_cpu.add(op_name)
+    if STATE.first_time(op_name, STATE.warned_ops):
         warnings.warn("mxamp: %s runs in float32 on the CPU: float16 is computed on GPUs "
                       "only (MXNet has no float16 GEMM or convolution CPU kernel; float16 "
                       "needs a GPU context)" % op_name, RuntimeWarning, stacklevel=4)
@@ -98,11 +93,12 @@ def _set(args, kwargs, slot, value):
 
 
 def _positional_names(func):
-    try:
-        params = inspect.signature(func).parameters.values()
-    except (TypeError, ValueError):
+    """Names of ``func``'s positional-or-keyword parameters, from its code object (generated
+    operator functions are plain functions; ``inspect.signature`` costs 100x more)."""
+    code = getattr(func, "__code__", None)
+    if code is None:
         return ()
-    return tuple(p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD)
+    return code.co_varnames[:code.co_argcount]
 
 
 def _condition_holds(policy, kwargs):
@@ -133,10 +129,13 @@ def _plan(policy, kwargs, on_cpu):
     return "none", None
 
 
+_NO_SKIP = frozenset()
+
+
 def _skip_names(policy, func):
     """Slot keys of inputs a low-precision op keeps in float32."""
     if not policy.fp32_params:
-        return frozenset()
+        return _NO_SKIP
     names = _positional_names(func)
     skip = {("k", n) for n in policy.fp32_params}
     skip |= {("a", i) for i, n in enumerate(names) if n in policy.fp32_params}
@@ -155,7 +154,7 @@ def _ndarray_wrapper(func, policy):
             return func(*args, **kwargs)
         args = list(args)
         first = _get(args, kwargs, slots[0])
-        mode, to = _plan(policy, kwargs, lambda: first.context.device_type.startswith("cpu"))
+        mode, to = _plan(policy, kwargs, lambda: dtypes.is_cpu(first.context))
         if mode == "to":
             for slot in slots:
                 if slot in skip and to != "float32":
@@ -163,7 +162,7 @@ def _ndarray_wrapper(func, policy):
                 arr = _get(args, kwargs, slot)
                 cur = array_dtype(arr)
                 if cur is not None and cur != to and (to != "float32" or cur != "float64"):
-                    _set(args, kwargs, slot, RECORDING_CASTS.cast(arr, to))
+                    _set(args, kwargs, slot, STATE.recording_casts.cast(arr, to))
         elif mode == "widest":
             found = [array_dtype(_get(args, kwargs, s)) for s in slots]
             kinds = {d for d in found if d is not None}
@@ -172,7 +171,7 @@ def _ndarray_wrapper(func, policy):
                 for slot, cur in zip(slots, found):
                     if cur is not None and cur != wide:
                         _set(args, kwargs, slot,
-                             RECORDING_CASTS.cast(_get(args, kwargs, slot), wide))
+                             STATE.recording_casts.cast(_get(args, kwargs, slot), wide))
         return func(*args, **kwargs)
 
     return wrapped
@@ -199,7 +198,7 @@ def _symbol_output_dtype(policy, mode, to, in_dtypes, kwargs):
 
 def _symbol_wrapper(func, policy):
     skip = _skip_names(policy, func)
-    table = SYMBOL_DTYPES
+    table = STATE.symbol_dtypes
 
     unknown = "float32" if policy.unknown_is_fp32 else None
 
@@ -254,21 +253,26 @@ def _cast_implicit_inputs(out, explicit, to, policy):
         if keep or name in explicit:
             inputs.append(child)
         else:
-            inputs.append(SYMBOL_DTYPES.cast(child, to))
-    rebuilt = out._gen_atomic_symbol()(*inputs, name=out.name)  # pylint: disable=protected-access
-    return rebuilt
+            inputs.append(STATE.symbol_dtypes.cast(child, to))
+    return rebuild_symbol(out, inputs, out.name)
 
 
 def make_wrapper(func, policy, is_symbol):
     """A function that applies ``policy`` to ``func``'s inputs, then calls ``func``.
 
+    It carries ``func``'s name, qualified name, module and docstring (what ``help()`` and
+    tracebacks show), ``__wrapped__`` (the original) and ``__mxamp_policy__``.
+    (``functools.wraps`` would also copy ``__dict__``; generated operator functions have none,
+    and skipping it keeps ``amp.init`` fast.)
+
     >>> import mxnet as mx
     >>> w = make_wrapper(mx.sym.softmax, Policy('fp32', 'bfloat16', 'softmax'), is_symbol=True)
-    >>> w(mx.sym.var('x')).get_children().name.startswith('amp_cast')
-    True
+    >>> w(mx.sym.var('x')).get_children().name.startswith('amp_cast'), w.__name__
+    (True, 'softmax')
     """
     build = _symbol_wrapper if is_symbol else _ndarray_wrapper
-    wrapped = functools.wraps(func)(build(func, policy))
-    wrapped.__mxamp_original__ = func
-    wrapped.__mxamp_policy__ = policy
+    wrapped = build(func, policy)
+    wrapped.__name__, wrapped.__qualname__ = func.__name__, func.__qualname__
+    wrapped.__module__, wrapped.__doc__ = func.__module__, func.__doc__
+    wrapped.__wrapped__, wrapped.__mxamp_policy__ = func, policy
     return wrapped

@@ -224,11 +224,17 @@ def test_init_after_hybridized_block_ran_rebuilds_graph(amp_off, seed):
     net.hybridize()
     x = _nd((2, 3, 16, 16))
     assert net(x).dtype == F32
+    before = net._cached_graph
     amp.init(target_dtype="bfloat16")
-    assert net._cached_graph == () and net._cached_op is None, \
-        "amp.init must drop the graph a block built before it"
     assert net(x).dtype == LOW, "a block hybridized before amp.init must rebuild with casts"
-    assert net._cached_graph, "the block rebuilds its graph at its next call"
+    assert net._cached_graph and net._cached_graph is not before, \
+        "the block must rebuild its graph at its first call after amp.init"
+    after = net._cached_graph
+    net(x)
+    assert net._cached_graph is after, "one rebuild only, not one per call"
+    patching.reset()
+    net(x)
+    assert net._cached_graph is not after, "after reset the block rebuilds without AMP's casts"
 
 
 def test_hybridized_block_with_no_input_ops_and_concat(amp_bf16, seed):
@@ -377,7 +383,8 @@ def test_disabled_is_scoped(amp_bf16):
 
 
 def test_weight_cast_once_per_recorded_forward(amp_bf16, seed):
-    from mxamp.casting import RECORDING_CASTS
+    from mxamp.state import STATE
+    RECORDING_CASTS = STATE.recording_casts
     x, w = _nd((4, 8)), _nd((8, 8))
     w.attach_grad()
     with autograd.record():
@@ -464,7 +471,8 @@ def test_fp16_families_on_symbol_numpy_and_gluon(amp_fp16, seed):
 
 def test_weight_cast_cache_on_every_class(amp_off, seed):
     """The per-record() cast cache, through an op with a bfloat16 kernel on every CPU."""
-    from mxamp.casting import RECORDING_CASTS
+    from mxamp.state import STATE
+    RECORDING_CASTS = STATE.recording_casts
     amp.init("bfloat16", target_precision_ops=["broadcast_mul"])
     x, w = _nd((4, 8)), _nd((1, 8))
     w.attach_grad()

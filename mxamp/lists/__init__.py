@@ -26,8 +26,10 @@ for the target on a CPU (they stay float32 there, so a GPU script still runs on 
 >>> lists.category('Convolution')
 'low_precision'
 """
-import importlib
+import functools
 from dataclasses import dataclass, field, replace
+
+from ..errors import AmpArgumentError
 
 CATEGORIES = ("low_precision", "fp32", "widest", "neutral", "conditional_fp32")
 
@@ -71,12 +73,19 @@ class OpLists:
         >>> get_op_lists('float16').category('Concat')
         'widest'
         """
-        for cat in ("low_precision", "fp32", "widest", "neutral"):
-            if op_name in getattr(self, cat):
-                return cat
-        if op_name in self.conditional_fp32:
-            return "conditional_fp32"
-        return None
+        return self.categories.get(op_name)
+
+    @functools.cached_property
+    def categories(self):
+        """Every op name -> its category, computed once per lists (``amp.init`` asks hundreds).
+
+        >>> get_op_lists('bfloat16').categories['FullyConnected']
+        'low_precision'
+        """
+        found = dict.fromkeys(self.conditional_fp32, "conditional_fp32")
+        for cat in ("neutral", "widest", "fp32", "low_precision"):  # first match wins below
+            found.update(dict.fromkeys(getattr(self, cat), cat))
+        return found
 
     def all_ops(self):
         """Every op name any category holds.
@@ -139,7 +148,7 @@ class OpLists:
         if known_ops is not None:
             unknown = sorted({n for names in given.values() for n in names} - set(known_ops))
             if unknown:
-                raise ValueError(
+                raise AmpArgumentError(
                     "not registered MXNet operators: %s (amp.list_lp16_ops(), "
                     "amp.list_fp32_ops() and mx.operator.get_all_registered_operators() "
                     "list valid names)" % ", ".join(unknown))
@@ -168,7 +177,7 @@ class OpLists:
 
 def _names(ops, what):
     if isinstance(ops, str) or not all(isinstance(o, str) for o in ops):
-        raise ValueError("%s must be a list of operator names (strings), got %r" % (what, ops))
+        raise AmpArgumentError("%s must be a list of operator names (strings), got %r" % (what, ops))
     return list(ops)
 
 
@@ -178,10 +187,10 @@ def _conditional(entries):
         ok = (isinstance(entry, (list, tuple)) and len(entry) == 3 and isinstance(entry[0], str)
               and isinstance(entry[1], str) and isinstance(entry[2], (list, tuple)))
         if not ok:
-            raise ValueError("conditional_fp32_ops entries must be (op name, parameter name, "
+            raise AmpArgumentError("conditional_fp32_ops entries must be (op name, parameter name, "
                              "[parameter values]), got %r" % (entry,))
         if entry[0] in out:
-            raise ValueError("conditional_fp32_ops names %r twice" % entry[0])
+            raise AmpArgumentError("conditional_fp32_ops names %r twice" % entry[0])
         out[entry[0]] = (entry[1], tuple(str(v) for v in entry[2]))
     return out
 
@@ -192,39 +201,46 @@ def _check_disjoint(given):
         for b in keys[i + 1:]:
             both = sorted(set(given[a]) & set(given[b]))
             if both:
-                raise ValueError("ops placed in both %s and %s: %s; an op runs in one precision"
+                raise AmpArgumentError("ops placed in both %s and %s: %s; an op runs in one precision"
                                  % (a, b, ", ".join(both)))
 
 
-_CACHE = {}
-
-
+@functools.lru_cache(maxsize=None)
 def get_op_lists(target):
-    """The default :class:`OpLists` for ``'float16'`` or ``'bfloat16'`` (cached).
+    """The default :class:`OpLists` for ``'float16'`` or ``'bfloat16'`` (computed once).
+
+    These are mxamp's data as written. What ``amp.init`` and ``convert_*`` use also takes
+    the caller's overrides and edits to the reference's module lists into account
+    (:func:`mxamp.opfuncs.lists_for`).
 
     >>> get_op_lists('bfloat16').target
     'bfloat16'
     """
-    if target not in ("float16", "bfloat16"):
-        raise ValueError("op lists exist for 'float16' and 'bfloat16', not %r" % (target,))
-    if target not in _CACHE:
-        data = importlib.import_module("mxamp.lists." + target)
-        reasons = {}
-        for table in ("LOW_PRECISION", "FP32", "WIDEST", "NEUTRAL"):
-            reasons.update({k: v for k, v in getattr(data, table).items() if v})
-        reasons.update({k: v[2] for k, v in data.CONDITIONAL_FP32.items() if v[2]})
-        by_class = {cls: frozenset(ops) for cls, ops in data.NO_KERNEL_BY_CPU_CLASS.items()}
-        _CACHE[target] = OpLists(
-            target=target,
-            low_precision=frozenset(data.LOW_PRECISION),
-            fp32=frozenset(data.FP32),
-            widest=frozenset(data.WIDEST),
-            neutral=frozenset(data.NEUTRAL),
-            conditional_fp32={k: (v[0], tuple(v[1])) for k, v in data.CONDITIONAL_FP32.items()},
-            loss_output=frozenset(data.LOSS_OUTPUT),
-            fp32_params={k: tuple(v) for k, v in data.FP32_PARAMS.items()},
-            no_cpu_kernel=frozenset(data.NO_CPU_KERNEL),
-            reasons=reasons,
-            no_kernel_by_cpu_class=by_class,
-        )
-    return _CACHE[target]
+    if target not in _DATA:
+        raise AmpArgumentError("op lists exist for 'float16' and 'bfloat16', not %r" % (target,))
+    data = _DATA[target]
+    reasons = {}
+    for table in ("LOW_PRECISION", "FP32", "WIDEST", "NEUTRAL"):
+        reasons.update({k: v for k, v in getattr(data, table).items() if v})
+    reasons.update({k: v[2] for k, v in data.CONDITIONAL_FP32.items() if v[2]})
+    by_class = {cls: frozenset(ops) for cls, ops in data.NO_KERNEL_BY_CPU_CLASS.items()}
+    return OpLists(
+        target=target,
+        low_precision=frozenset(data.LOW_PRECISION),
+        fp32=frozenset(data.FP32),
+        widest=frozenset(data.WIDEST),
+        neutral=frozenset(data.NEUTRAL),
+        conditional_fp32={k: (v[0], tuple(v[1])) for k, v in data.CONDITIONAL_FP32.items()},
+        loss_output=frozenset(data.LOSS_OUTPUT),
+        fp32_params={k: tuple(v) for k, v in data.FP32_PARAMS.items()},
+        no_cpu_kernel=frozenset(data.NO_CPU_KERNEL),
+        reasons=reasons,
+        no_kernel_by_cpu_class=by_class,
+    )
+
+
+# The data modules, imported with the package (not at the first amp.init): they are large, and
+# compiling them takes milliseconds where no bytecode cache is written.
+from . import bfloat16 as _bfloat16, float16 as _float16  # noqa: E402
+
+_DATA = {"float16": _float16, "bfloat16": _bfloat16}

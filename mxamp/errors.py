@@ -1,0 +1,46 @@
+"""The one exception type mxamp raises for a bad argument, from every entry point.
+
+A wrong argument to any public function (an unknown operator name, an op in two lists, a
+dtype that is not a target, a list that is not a list of strings, an object of the wrong
+kind) raises :class:`AmpArgumentError`. It is a :class:`ValueError` (what mxamp documents), an
+:class:`AssertionError` (what ``mxnet.contrib.amp`` raised for the same mistakes, so code
+written for the reference keeps catching it) and a :class:`TypeError` (what mxamp 0.1.0 raised
+for an argument of the wrong type). State errors (``amp.init`` twice with other arguments, a
+float16 model on a CPU) stay :class:`RuntimeError`.
+
+>>> from mxamp import amp
+>>> try:
+...     amp.list_fp32_ops('int8')
+... except AssertionError as err:          # the reference's exception type
+...     print(type(err).__name__, isinstance(err, ValueError))
+AmpArgumentError True
+"""
+
+
+class AmpArgumentError(ValueError, TypeError, AssertionError):
+    """A bad argument to an mxamp function; the message names the argument and what it accepts.
+
+    >>> isinstance(AmpArgumentError('x'), (ValueError, TypeError, AssertionError))
+    True
+    """
+
+
+def check_name_list(value, what):
+    """``value`` as a list of strings, or None; anything else is an :class:`AmpArgumentError`.
+
+    >>> check_name_list(('relu', 'Flatten'), 'fp32_ops')
+    ['relu', 'Flatten']
+    >>> check_name_list('softmax', 'fp32_ops')
+    Traceback (most recent call last):
+    ...
+    mxamp.errors.AmpArgumentError: fp32_ops must be a list of strings, got str
+    """
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, set, frozenset)):
+        raise AmpArgumentError("%s must be a list of strings, got %s"
+                               % (what, type(value).__name__))
+    bad = [v for v in value if not isinstance(v, str)]
+    if bad:
+        raise AmpArgumentError("%s must be a list of strings; these are not: %r" % (what, bad))
+    return list(value)

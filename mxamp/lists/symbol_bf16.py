@@ -1,0 +1,29 @@
+"""``mxnet.contrib.amp.lists.symbol_bf16``'s lists, made from mxamp's bfloat16 data.
+
+For code written for the reference: ``amp.lists.symbol_bf16.BF16_FUNCS`` and the other
+lists below have the reference's names and shapes. They are live: names appended to (or
+removed from) a list before ``amp.init``, or lists passed to ``convert_*``, take effect as in
+the reference (see :mod:`mxamp.lists.reference_view`).
+
+>>> 'Convolution' in BF16_FUNCS and 'Concat' in WIDEST_TYPE_CASTS
+True
+"""
+from .reference_view import reference_lists as _reference_lists
+
+_LISTS = _reference_lists("bfloat16")
+#: Ops run in bfloat16.
+BF16_FUNCS = _LISTS["BF16_FUNCS"]
+#: Ops that run in their input's dtype (bfloat16 or float32).
+BF16_FP32_FUNCS = _LISTS["BF16_FP32_FUNCS"]
+#: Ops run in float32.
+FP32_FUNCS = _LISTS["FP32_FUNCS"]
+#: ``(op, parameter, [values])``: float32 when the parameter has one of the values.
+CONDITIONAL_FP32_FUNCS = _LISTS["CONDITIONAL_FP32_FUNCS"]
+#: Multi-input ops run in the widest float type among their inputs.
+WIDEST_TYPE_CASTS = _LISTS["WIDEST_TYPE_CASTS"]
+#: Loss-output ops whose gradient follows the loss scale.
+LOSS_OUTPUT_FUNCTIONS = _LISTS["LOSS_OUTPUT_FUNCTIONS"]
+#: op -> ['', input names that stay float32]: the reference's shape ('' is the data input).
+BF16_USE_FP32_PARAMS = _LISTS["BF16_USE_FP32_PARAMS"]
+#: Copies of the lists as made, to tell what a user changed.
+ORIGINALS = _reference_lists("bfloat16")

@@ -1,0 +1,278 @@
+"""The package's shape: one-way imports, one boundary with MXNet's private API, one state.
+
+* Every module imports on its own, and the import graph of ``mxamp`` (module-level *and*
+  function-level imports) has no cycle.
+* Every private MXNet name mxamp uses is listed in :mod:`mxamp.mxnet_private` and exists in the
+  installed MXNet (the contract: a build that lacks one fails here, naming it); no other module
+  touches a private name of MXNet.
+* ``amp.reset()`` clears every piece of process-wide state, and is safe under threads.
+"""
+import ast
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import mxnet as mx
+import pytest
+
+import mxamp
+from mxamp import amp, mxnet_private
+from mxamp.state import STATE
+
+PACKAGE_DIR = os.path.dirname(mxamp.__file__)
+
+
+def module_files():
+    """``{module name: path}`` of every module of the package."""
+    found = {}
+    for folder, _, files in os.walk(PACKAGE_DIR):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                rel = os.path.relpath(path, os.path.dirname(PACKAGE_DIR))[:-3].replace(os.sep, ".")
+                found[rel[:-len(".__init__")] if rel.endswith(".__init__") else rel] = path
+    return found
+
+
+def imports_of(module, path):
+    """mxamp modules ``module`` imports, anywhere in its code (function bodies included)."""
+    tree = ast.parse(open(path).read())
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("mxamp")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(base + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            if not base.startswith("mxamp"):
+                continue
+            out.add(base)
+            for alias in node.names:      # `from . import state` imports a module
+                if base + "." + alias.name in module_files():
+                    out.add(base + "." + alias.name)
+    return {m for m in out if m != module and m in module_files()}
+
+
+def import_graph():
+    return {m: imports_of(m, p) for m, p in module_files().items()}
+
+
+def find_cycle(graph):
+    """One cycle as a list of modules, or None (the package's own __init__ edges excluded:
+    a submodule always imports through its package)."""
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt == "mxamp" or node == "mxamp" or (node.startswith(nxt + ".") and
+                                                   nxt in ("mxamp.lists",)):
+                continue
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_import_graph_has_no_cycle():
+    graph = import_graph()
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: %s" % " -> ".join(cycle)
+    # the cycle issue #11 found is gone: loss_outputs no longer reaches patching
+    assert "mxamp.trainer" not in graph["mxamp.loss_outputs"], graph["mxamp.loss_outputs"]
+    assert "mxamp.patching" not in graph["mxamp.trainer"], graph["mxamp.trainer"]
+
+
+def test_leaf_modules_import_nothing_of_mxamp_but_their_data():
+    graph = import_graph()
+    assert graph["mxamp.scaler"] <= {"mxamp.errors"}, \
+        "the loss scaler is a pure state machine: %s" % graph["mxamp.scaler"]
+    assert graph["mxamp.errors"] == set() and graph["mxamp.mxnet_private"] == set()
+    assert graph["mxamp.cpu"] == set(), "CPU detection needs nothing of mxamp"
+
+
+IMPORT_EACH_ALONE = r"""
+import importlib, json, sys, traceback
+import mxnet
+failures = {}
+for module in sys.argv[1:]:
+    for name in [k for k in sys.modules if k == "mxamp" or k.startswith("mxamp.")]:
+        del sys.modules[name]
+    try:
+        importlib.import_module(module)
+    except Exception:
+        failures[module] = traceback.format_exc(limit=3)
+print(json.dumps(failures))
+"""
+
+
+def test_every_module_imports_on_its_own():
+    """Each module, imported first (all of mxamp forgotten), imports cleanly.
+
+    Runs in a child interpreter: a second copy of mxamp in this process would re-register its
+    custom operators and hooks with MXNet, pointing them at the copy's (empty) state.
+    """
+    modules = sorted(m for m in module_files() if m != "mxamp")
+    assert len(modules) > 20, modules
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(PACKAGE_DIR))
+    done = subprocess.run([sys.executable, "-c", IMPORT_EACH_ALONE] + modules, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    failures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert failures == {}, "modules that fail when imported first:\n%s" % "\n".join(
+        "%s:\n%s" % item for item in failures.items())
+
+
+# ------------------------------------------------------------ the boundary with MXNet
+def _live_objects():
+    """One live instance of each MXNet class whose private names mxamp uses."""
+    p = mx.gluon.Parameter("w", shape=(2,))
+    p.initialize()
+    trainer = mx.gluon.Trainer([p], "sgd", kvstore="local")
+    with mx.autograd.record():
+        loss = (p.data() * 2).sum()
+    loss.backward()
+    trainer.step(1)                      # creates the kvstore
+    block = mx.gluon.nn.Dense(2, in_units=2)
+    block.initialize()
+    block.hybridize()
+    block(mx.nd.ones((1, 2)))
+
+    def sym_gen(key):
+        return mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=2), ("data",), None
+    bucketing = mx.mod.BucketingModule(sym_gen, default_bucket_key=1)
+    bucketing.bind(data_shapes=[("data", (1, 2))], for_training=False)
+    from mxnet.contrib.amp import amp as reference
+    return {
+        "mxnet.base": mx.base, "mxnet.symbol.numpy": mx.sym.numpy,
+        "mxnet.symbol.Symbol": mx.sym.var("x"), "mxnet.autograd": mx.autograd,
+        "mxnet.autograd._RecordingStateScope": mx.autograd.record(),
+        "mxnet.contrib.amp.amp": reference,
+        "mxnet.optimizer.Optimizer": mx.optimizer.SGD(),
+        "mxnet.gluon.Trainer": trainer, "mxnet.kvstore.KVStore": mx.kv.create("local"),
+        "mxnet.gluon.HybridBlock": block, "mxnet.gluon.Parameter": p,
+        "mxnet.module.BucketingModule": bucketing,
+    }
+
+
+def test_every_private_name_mxamp_uses_exists_in_this_mxnet():
+    """The contract: fails, naming what is missing, on an MXNet build that changed."""
+    objects = _live_objects()
+    unknown_owner = sorted({owner for owner, _ in mxnet_private.PRIVATE_NAMES} - set(objects))
+    assert not unknown_owner, "no live object to check for: %s" % unknown_owner
+    for owner, name in mxnet_private.PRIVATE_NAMES:
+        obj = objects[owner]
+        if owner == "mxnet.gluon.Trainer" and name in ("_amp_loss_scaler",
+                                                       "_amp_original_scale"):
+            # MXNet reads them (Trainer._update) but sets them only through AMP
+            assert "_amp_loss_scaler" in open(mx.gluon.trainer.__file__).read(), \
+                "MXNet's Trainer no longer reads %s" % name
+            continue
+        assert hasattr(obj, name), "this MXNet build (%s) has no %s.%s, which mxamp uses" % (
+            mx.__version__, owner, name)
+    assert len(mxnet_private.PRIVATE_NAMES) >= 40, mxnet_private.PRIVATE_NAMES
+
+
+def _mxnet_private_names():
+    """Every single-underscore attribute name of the MXNet objects mxamp deals with."""
+    objects = _live_objects()
+    names = set()
+    for obj in list(objects.values()) + [type(o) for o in objects.values()] + [
+            mx.nd.NDArray, mx.np.ndarray, mx.gluon.Block, mx.gluon.SymbolBlock,
+            mx.optimizer.Updater]:
+        names |= {n for n in dir(obj) if n.startswith("_") and not n.startswith("__")}
+    return names
+
+
+def test_no_module_but_the_boundary_touches_a_private_mxnet_name():
+    private = _mxnet_private_names()
+    # mxamp's own attributes that happen to share a name with something of MXNet's
+    mine = {"_mxamp_generation", "_mxamp_started", "_mxamp_checkpointing",
+            "_mxamp_first_step_done", "_mxamp_o2_target"}
+    offenders = []
+    for module, path in module_files().items():
+        if module == "mxamp.mxnet_private":
+            continue
+        tree = ast.parse(open(path).read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in private and \
+                    node.attr not in mine and not (isinstance(node.value, ast.Name) and
+                                                   node.value.id in ("self", "cls")):
+                offenders.append("%s:%d %s" % (module, node.lineno, node.attr))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                    node.func.id in ("getattr", "setattr", "hasattr", "delattr") and \
+                    len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and \
+                    node.args[1].value in private and node.args[1].value not in mine:
+                offenders.append("%s:%d %r" % (module, node.lineno, node.args[1].value))
+    assert not offenders, "private MXNet names outside mxamp.mxnet_private: %s" % offenders
+
+
+# ------------------------------------------------------------ one state, one reset
+def test_reset_clears_every_piece_of_state(amp_off):
+    amp.init("float16")
+    p = mx.gluon.Parameter("w", shape=(2,))
+    p.initialize()
+    trainer = mx.gluon.Trainer([p], "sgd", kvstore=None)
+    amp.init_trainer(trainer)
+    mx.nd.FullyConnected(mx.nd.ones((1, 2)), mx.nd.ones((2, 2)), no_bias=True, num_hidden=2)
+    sym = mx.sym.FullyConnected(mx.sym.var("d"), num_hidden=2)
+    STATE.notices.add("a notice")
+    summary = STATE.summary()
+    assert summary["patched"] and summary["trainers"] == 1 and summary["tracked_symbols"] > 0
+    assert summary["warned_ops"] >= 1, "float16 GEMM on a CPU warns once"
+    lock, generation = STATE.lock, STATE.generation
+    amp.reset()
+    after = STATE.summary()
+    assert after == {"patched": False, "generation": generation + 1, "trainers": 0,
+                     "warned_ops": 0, "notices": 0, "tracked_symbols": 0}, after
+    assert STATE.lock is lock, "reset must not swap the lock another thread may hold"
+    assert STATE.current_trainer() is None and STATE.disabled_depth() == 0
+    assert sym is not None and len(STATE.recording_casts) == 0
+
+
+def test_reset_is_safe_under_threads(amp_off):
+    errors = []
+    stop = threading.Event()
+
+    def worker():
+        try:
+            while not stop.is_set():
+                with amp.disabled():
+                    mx.nd.relu(mx.nd.ones((2,))).wait_to_read()
+        except Exception as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(5):
+            amp.init("bfloat16")
+            amp.reset()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    assert not amp.is_initialized() and STATE.disabled_depth() == 0
+    assert not hasattr(mx.nd.FullyConnected, "__mxamp_policy__") and \
+        not hasattr(mx.sym.softmax, "__mxamp_policy__"), "originals restored"
