@@ -79,9 +79,9 @@ def _unlisted_ops(sym, lists):
 def _check_excluded(names, node_names):
     unknown = sorted(set(names) - set(node_names))
     if unknown:
-        raise AmpArgumentError("excluded_sym_names names nodes that are not in the graph: %s (node "
-                         "names are e.g. %s)" % (", ".join(unknown), ", ".join(
-                             sorted(node_names)[:5])))
+        raise AmpArgumentError(
+            "excluded_sym_names names nodes that are not in the graph: %s (node names are e.g. "
+            "%s)" % (", ".join(unknown), ", ".join(sorted(node_names)[:5])))
 
 
 def _strip_output_casts(converted, original):
@@ -156,7 +156,7 @@ def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=
     missing = sorted(set(data_names) - set(inputs))
     if missing:
         raise AmpArgumentError("data_names %s are not inputs of the symbol (its inputs: %s)"
-                         % (missing, ", ".join(inputs)))
+                               % (missing, ", ".join(inputs)))
     return _convert(sym, lists, excluded, data_names, cast_optional_params, fp32_outputs)
 
 
@@ -185,7 +185,7 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
     for what, params in (("arg_params", arg_params), ("aux_params", aux_params)):
         if not isinstance(params, dict):
             raise AmpArgumentError("%s must be a dict of name -> NDArray, got %s"
-                            % (what, type(params).__name__))
+                                   % (what, type(params).__name__))
     data_names = [n for n in sym.list_inputs() if n not in arg_params and n not in aux_params]
     converted = convert_symbol(sym, target_dtype, target_dtype_ops, fp32_ops,
                                conditional_fp32_ops, excluded_sym_names, data_names,
@@ -252,8 +252,8 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
     compute on other CPUs. Converting to float16 for a CPU context raises ``RuntimeError`` (no
     float16 convolution/GEMM kernels there). The block returned runs on ``ctx``: on a CPU
     without bfloat16 kernels (class 'none') the ops that lack one compute in float32, and one
-    warning per process says so. Node names in ``excluded_sym_names`` are the graph's (e.g. ``'resnetv10_conv0_fwd'``,
-    see ``mxamp.precision_pass.graph_nodes`` of the traced graph).
+    warning per process says so. Node names in ``excluded_sym_names`` are the graph's (e.g.
+    ``'resnetv10_conv0_fwd'``, see ``mxamp.precision_pass.graph_nodes`` of the traced graph).
 
     >>> net = mx.gluon.nn.Dense(2, in_units=3)
     >>> net.initialize()

@@ -147,7 +147,8 @@ _CLASSIFIED = None  # _RESULT completed with the bfloat16 class, by the first cp
 
 
 def read_cpuinfo(cpuinfo_path="/proc/cpuinfo"):
-    """``(model name, flags)`` of the first CPU listed in ``cpuinfo_path`` ('' and empty if unreadable).
+    """``(model name, flags)`` of the first CPU listed in ``cpuinfo_path`` ('' and empty if
+    unreadable).
 
     >>> model, flags = read_cpuinfo()
     >>> isinstance(model, str) and isinstance(flags, frozenset)
@@ -297,7 +298,8 @@ def _user_isa(environ):
 
 
 def enable_amx_if_possible():
-    """Let oneDNN use AMX when the CPU, the kernel and the user allow it; returns :class:`CpuFeatures`.
+    """Let oneDNN use AMX when the CPU, the kernel and the user allow it; returns
+    :class:`CpuFeatures`.
 
     ``import mxamp`` already calls it; later calls return the first result. Never raises: when
     AMX cannot be used, ``reason`` says why and oneDNN keeps its default ISA.
@@ -367,7 +369,8 @@ def onednn_enabled():
 
 
 def cpu_features():
-    """The CPU features mxamp found, what it enabled, and the bfloat16 class (see :class:`CpuFeatures`).
+    """The CPU features mxamp found, what it enabled, and the bfloat16 class (see
+    :class:`CpuFeatures`).
 
     Decided once per process, at the first call; later calls return the same object.
 

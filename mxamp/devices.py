@@ -138,7 +138,8 @@ _WHY_FLOAT32 = {
 
 
 def plan(requested, lists, device):
-    """The :class:`DevicePlan` of ``requested`` with ``lists`` (its target's op lists) on ``device``.
+    """The :class:`DevicePlan` of ``requested`` with ``lists`` (its target's op lists) on
+    ``device``.
 
     >>> from mxamp.lists import get_op_lists
     >>> p = plan('bfloat16', get_op_lists('bfloat16'), 'none')

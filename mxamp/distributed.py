@@ -159,8 +159,9 @@ def _allreduce_sum(array, trainer):
                               name="mxamp.gather.%d" % array.size)
         return total.asnumpy()
     before_first_step(trainer)
-    store = TrainerView(trainer).kvstore
-    if TrainerView(trainer).update_on_kvstore:
+    view = TrainerView(trainer)
+    store = view.kvstore
+    if view.update_on_kvstore:
         raise RuntimeError(
             "this trainer's kvstore runs the optimizer on the servers (update_on_kvstore=True), "
             "which would apply it to mxamp's reductions too; create the Trainer with "

@@ -44,3 +44,22 @@ def check_name_list(value, what):
     if bad:
         raise AmpArgumentError("%s must be a list of strings; these are not: %r" % (what, bad))
     return list(value)
+
+
+def check_condition_list(value):
+    """``value`` (``conditional_fp32_ops``) as a list of entries, or None; anything but a list or
+    tuple is an :class:`AmpArgumentError` (the entries' shape is the op lists' to check).
+
+    >>> check_condition_list([('Activation', 'act_type', ['softrelu'])])
+    [('Activation', 'act_type', ['softrelu'])]
+    >>> check_condition_list('Activation')
+    Traceback (most recent call last):
+    ...
+    mxamp.errors.AmpArgumentError: conditional_fp32_ops must be a list of (op name, parameter name, [values]) tuples, got str
+    """
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)):
+        raise AmpArgumentError("conditional_fp32_ops must be a list of (op name, parameter name, "
+                               "[values]) tuples, got %s" % type(value).__name__)
+    return list(value)

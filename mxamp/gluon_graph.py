@@ -56,24 +56,25 @@ def trace_graph(block, example_inputs=None):
     >>> trace_graph(net, mx.nd.ones((1, 3)))[1].list_outputs()
     ['fc_fwd_output']
     """
+    view = BlockView(block)
     if example_inputs is not None:
         if not isinstance(example_inputs, (list, tuple)):
             example_inputs = (example_inputs,)
         if not all(isinstance(x, mx.nd.NDArray) for x in example_inputs):
-            raise AmpArgumentError("example_inputs must be an NDArray or a list/tuple of NDArrays")
+            raise AmpArgumentError("example_inputs must be an NDArray or a list/tuple of "
+                                   "NDArrays")
         with mx.autograd.pause():
             block(*example_inputs)  # completes deferred initialisation; caches the graph
-        view = BlockView(block)
         if not view.cached_graph:  # not hybridized: trace symbolically, leave no trace
             graph = view.trace(*example_inputs)
             view.cached_graph = ()
             return graph
-    if not BlockView(block).cached_graph:
+    if not view.cached_graph:
         raise RuntimeError(
             "%s has no graph yet (a block's graph is recorded at its first forward pass after "
             "hybridize()): pass example_inputs=<a batch of input>, or call block.hybridize() "
             "and block(x) once first" % type(block).__name__)
-    return BlockView(block).cached_graph
+    return view.cached_graph
 
 
 def block_context(block):

@@ -148,7 +148,7 @@ class LocalCluster:
                  env=None):
         if not command:
             raise AmpArgumentError("no worker command given: put it after '--', e.g. "
-                             "python -m mxamp.launch -n 2 -s 1 -- python train.py")
+                                   "python -m mxamp.launch -n 2 -s 1 -- python train.py")
         for label, count in (("num_workers", num_workers), ("num_servers", num_servers)):
             if not isinstance(count, int) or count < 1:
                 raise AmpArgumentError("%s must be a positive integer, got %r" % (label, count))

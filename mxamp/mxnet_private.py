@@ -7,7 +7,7 @@ list operators and run the precision pass, and a few classes. Every other module
 through this one: views whose properties each name one private attribute
 (:class:`TrainerView`, :class:`BlockView`, :class:`ParamView`, :class:`BucketingView`), and
 functions. :data:`PRIVATE_NAMES` lists every private name used;
-``tests/test_mxnet_private.py`` checks each against the installed MXNet and names any that
+``tests/test_structure.py`` checks each against the installed MXNet and names any that
 is missing, and checks that no other module of mxamp touches one.
 
 >>> import mxnet as mx

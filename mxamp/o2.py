@@ -21,8 +21,9 @@ parameters are bfloat16 (the optimizer keeps float32 masters), each layer casts 
 to float32 on use, and activations stay float32. The model trains as it will on a bfloat16
 CPU as far as weight rounding goes, and runs *slower* than float32: without AVX-512, oneDNN
 converts to and from bfloat16 with a scalar loop (~50-80 ns a value; the MNIST example's O2 run
-took 2.8x float32's time on an AVX2 EPYC). One warning per process says so. ``target_dtype='auto'`` picks float16 on a GPU, bfloat16 on a CPU that computes it
-natively, and elsewhere leaves the model in float32 (one log line says why).
+took 2.8x float32's time on an AVX2 EPYC). One warning per process says so.
+``target_dtype='auto'`` picks float16 on a GPU, bfloat16 on a CPU that computes it natively,
+and elsewhere leaves the model in float32 (one log line says why).
 
 Train it with ``amp.init_trainer(trainer)`` (float32 master weights for low-precision
 parameters, dynamic loss scaling for float16) and ``amp.scale_loss``.
@@ -176,13 +177,13 @@ def _check_exclude(exclude):
     if isinstance(exclude, (str, Block, type)):
         exclude = [exclude]
     if not isinstance(exclude, (list, tuple, set)):
-        raise AmpArgumentError("exclude must be a list of Blocks, Block classes or block names, got %s"
-                        % type(exclude).__name__)
+        raise AmpArgumentError("exclude must be a list of Blocks, Block classes or block names, "
+                               "got %s" % type(exclude).__name__)
     for rule in exclude:
         ok = isinstance(rule, (str, Block)) or (isinstance(rule, type) and issubclass(rule, Block))
         if not ok:
-            raise AmpArgumentError("exclude entries must be Blocks, Block classes or block names (str), "
-                            "got %r" % (rule,))
+            raise AmpArgumentError("exclude entries must be Blocks, Block classes or block "
+                                   "names (str), got %r" % (rule,))
     return list(exclude)
 
 
@@ -242,8 +243,9 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
     blocks = _all_blocks(block)
     unmatched = [r for r in exclude if not any(_matches(b, r) for b in blocks)]
     if unmatched:
-        raise AmpArgumentError("exclude entries match no layer of the model: %s (layer names: %s)"
-                         % (", ".join(map(str, unmatched)), ", ".join(b.name for b in blocks[:6])))
+        raise AmpArgumentError(
+            "exclude entries match no layer of the model: %s (layer names: %s)"
+            % (", ".join(map(str, unmatched)), ", ".join(b.name for b in blocks[:6])))
     _finish_init(block, example_inputs)
     device = devices.device_of(block_context(block))
     target = devices.target_for(requested, device)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import mxnet as mx
 
 from . import mxnet_private as mxp
-from .errors import AmpArgumentError, check_name_list
+from .errors import AmpArgumentError, check_condition_list, check_name_list
 from .lists import get_op_lists, reference_view, symbol_bf16, symbol_fp16
 
 #: Module name prefixes whose generated operator functions AMP wraps.
@@ -129,12 +129,7 @@ def lists_for(target, target_precision_ops=None, fp32_ops=None, conditional_fp32
     given = {"target_precision_ops": check_name_list(target_precision_ops,
                                                      low_precision_argument),
              "fp32_ops": check_name_list(fp32_ops, "fp32_ops")}
-    if conditional_fp32_ops is not None and (
-            isinstance(conditional_fp32_ops, (str, bytes)) or
-            not isinstance(conditional_fp32_ops, (list, tuple))):
-        raise AmpArgumentError("conditional_fp32_ops must be a list of (op name, parameter "
-                               "name, [values]) tuples, got %s" % type(conditional_fp32_ops)
-                               .__name__)
+    conditional_fp32_ops = check_condition_list(conditional_fp32_ops)
     if all(v is None for v in given.values()) and conditional_fp32_ops is None:
         return lists
     for what, names in given.items():
@@ -145,20 +140,10 @@ def lists_for(target, target_precision_ops=None, fp32_ops=None, conditional_fp32
         check_op_names([entry[0] for entry in conditional_fp32_ops
                         if isinstance(entry, (list, tuple)) and entry
                         and isinstance(entry[0], str)], "conditional_fp32_ops")
-    _check_one_list_per_op(given, conditional_fp32_ops)
-    given = {what: None if names is None else _with_aliases(names)
-             for what, names in given.items()}
-    if conditional_fp32_ops is not None:
-        conditional_fp32_ops = _conditions_with_aliases(conditional_fp32_ops)
-    try:
-        return lists.with_overrides(target_precision_ops=given["target_precision_ops"],
-                                    fp32_ops=given["fp32_ops"],
-                                    conditional_fp32_ops=conditional_fp32_ops,
-                                    canonical=registered_ops().canonical)
-    except AmpArgumentError:
-        raise
-    except (ValueError, TypeError) as err:   # the lists' own shape checks
-        raise AmpArgumentError(str(err)) from None
+    return lists.with_overrides(target_precision_ops=given["target_precision_ops"],
+                                fp32_ops=given["fp32_ops"],
+                                conditional_fp32_ops=conditional_fp32_ops,
+                                canonical=registered_ops().canonical)
 
 
 _REFERENCE_MODULES = {"float16": symbol_fp16, "bfloat16": symbol_bf16}
@@ -175,49 +160,6 @@ def _canonical_if_edited(module):
     edited = any(getattr(module, name) != module.ORIGINALS[name]
                  for name in module.ORIGINALS)
     return registered_ops().canonical if edited else None
-
-
-def _check_one_list_per_op(given, conditional_fp32_ops):
-    """An operator (under any of its names) may sit in one override list only."""
-    named = dict(given)
-    if conditional_fp32_ops is not None:
-        named["conditional_fp32_ops"] = [e[0] for e in conditional_fp32_ops
-                                         if isinstance(e, (list, tuple)) and e]
-    keys = [k for k, v in named.items() if v is not None]
-    for i, first in enumerate(keys):
-        for second in keys[i + 1:]:
-            ops = {canonical_name(n) for n in named[second]}
-            both = sorted(n for n in named[first] if canonical_name(n) in ops)
-            if both:
-                raise AmpArgumentError("ops placed in both %s and %s: %s; an op runs in one "
-                                       "precision" % (first, second, ", ".join(both)))
-
-
-def _conditions_with_aliases(entries):
-    """``(op, parameter, values)`` entries extended to every alias of each op.
-
-    An alias the caller names itself keeps its own entry (the reference's lists name every
-    alias); malformed entries are left for the op lists' own check to report."""
-    if not all(isinstance(e, (list, tuple)) and e and isinstance(e[0], str) for e in entries):
-        return entries
-    given = {e[0] for e in entries}
-    out = list(entries)
-    for entry in entries:
-        out += [(alias,) + tuple(entry[1:]) for alias in _with_aliases([entry[0]])
-                if alias not in given]
-        given |= set(_with_aliases([entry[0]]))
-    return out
-
-
-def _with_aliases(names):
-    """``names`` and every alias of their operators, in a stable order, each once."""
-    registry = registered_ops()
-    out = []
-    for name in names:
-        for alias in [name] + sorted(registry.aliases.get(canonical_name(name), ())):
-            if alias not in out:
-                out.append(alias)
-    return out
 
 
 @dataclass(frozen=True)
@@ -251,9 +193,9 @@ class OpFunction(collections.namedtuple("OpFunction", "func op_name is_symbol bi
     __slots__ = ()
 
 
-def _embedded_handle(func):
-    known = _known_handles()
-    for const in func.__code__.co_consts:
+def _embedded_handle(code, known):
+    """The operator handle a generated function's ``code`` embeds (one of ``known``), or None."""
+    for const in code.co_consts:
         if type(const) is int and const in known:  # pylint: disable=unidiomatic-typecheck
             return const
     return None
@@ -268,7 +210,7 @@ def op_function_name(func):
     code = getattr(func, "__code__", None)
     if code is None or code.co_filename != _GENERATED:
         return None
-    handle = _embedded_handle(func)
+    handle = _embedded_handle(code, _known_handles())
     return _name_of_handle(handle) if handle is not None else None
 
 
@@ -305,11 +247,7 @@ def find_op_functions():
             code = value.__code__
             if code.co_filename != _GENERATED:
                 continue
-            handle = None
-            for const in code.co_consts:      # a plain loop: thousands of functions
-                if type(const) is int and const in known:  # pylint: disable=unidiomatic-typecheck
-                    handle = const
-                    break
+            handle = _embedded_handle(code, known)
             if handle is None:
                 continue
             is_symbol = is_symbol_module or value.__module__.startswith(("symbol",

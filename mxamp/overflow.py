@@ -88,9 +88,9 @@ class _Plan:
         groups = collections.defaultdict(list)
         for i, array in enumerate(arrays):
             dense = _dense(array)
-            cast = dtypes.name_of(dense.dtype) not in ("float32", "float64")
-            self.needs_cast.append(cast)
-            dtype = "float32" if cast else dtypes.name_of(dense.dtype)
+            needs_cast = dtypes.name_of(dense.dtype) not in ("float32", "float64")
+            self.needs_cast.append(needs_cast)
+            dtype = "float32" if needs_cast else dtypes.name_of(dense.dtype)
             columns = dense.size // dense.shape[0] if dense.ndim >= 2 and dense.size else 0
             if squares_for_all or dense.size < LARGE_ARRAY:
                 groups[(dense.context, dtype)].append(i)

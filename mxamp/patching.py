@@ -24,7 +24,7 @@ import mxnet as mx
 from mxnet.gluon import HybridBlock
 
 from . import devices, dtypes, mxnet_private as mxp, opfuncs, wrappers
-from .errors import AmpArgumentError
+from .errors import check_condition_list, check_name_list
 from .lists import get_op_lists
 from .loss_outputs import wrap_loss_output
 from .state import STATE
@@ -202,9 +202,10 @@ def init(target_dtype="float16", target_precision_ops=None, conditional_fp32_ops
     requested = dtypes.normalize_request(target_dtype)
     target = devices.target_for(requested, devices.GPU if opfuncs.gpu_available()
                                 else devices.cpu_class())
-    arguments = (requested, _frozen(target_precision_ops, "target_precision_ops"),
-                 _frozen(conditional_fp32_ops, "conditional_fp32_ops"),
-                 _frozen(fp32_ops, "fp32_ops"))
+    arguments = (requested,
+                 _frozen(check_name_list(target_precision_ops, "target_precision_ops")),
+                 _frozen(check_condition_list(conditional_fp32_ops)),
+                 _frozen(check_name_list(fp32_ops, "fp32_ops")))
     with STATE.lock:
         if STATE.patched:
             if STATE.arguments == arguments:
@@ -240,13 +241,11 @@ def _init_locked(requested, target, arguments, target_precision_ops, fp32_ops,
     mxp.set_reference_initialized(True)
 
 
-def _frozen(value, what):
-    """An override argument in a hashable form (for the re-init check); its shape is checked
-    by the op lists."""
+def _frozen(value):
+    """An override argument, already checked to be a list, in a hashable form (for the
+    re-init check)."""
     if value is None:
         return None
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        raise AmpArgumentError("%s must be a list, got %s" % (what, type(value).__name__))
     return tuple(tuple(v) if isinstance(v, list) else v for v in value)
 
 

@@ -22,7 +22,7 @@ there and shown by ``help(LossScaler)`` and ``help(amp.init_trainer)``):
 """
 import collections
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from .errors import AmpArgumentError
 
@@ -69,9 +69,11 @@ old_scale / new_scale: the scale before and after the decision (equal when uncha
 stuck_at_min_scale: an overflow happened while the scale already sat at ``min_scale``.
 """
 
-_STATE_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "min_scale",
-               "max_scale", "hysteresis", "dynamic", "clean_steps", "overflows_since_change",
-               "steps", "skipped_steps", "history")
+#: The options a scaler keeps besides its scale (every field of ScalerConfig but init_scale).
+_OPTIONS = tuple(f.name for f in fields(ScalerConfig) if f.name != "init_scale")
+#: Counters a state carries (0 in a fresh scaler).
+_COUNTERS = ("clean_steps", "overflows_since_change", "steps", "skipped_steps")
+_STATE_KEYS = ("scale",) + _OPTIONS + _COUNTERS + ("history",)
 
 
 def _positive_finite(name, value):
@@ -141,16 +143,12 @@ class LossScaler:
         >>> LossScaler(hysteresis=2).config.hysteresis
         2
         """
-        return ScalerConfig(init_scale=self._scale, growth_factor=self.growth_factor,
-                            backoff_factor=self.backoff_factor,
-                            growth_interval=self.growth_interval, min_scale=self.min_scale,
-                            max_scale=self.max_scale, hysteresis=self.hysteresis,
-                            dynamic=self.dynamic)
+        return ScalerConfig(init_scale=self._scale, **{k: getattr(self, k) for k in _OPTIONS})
 
     def _clamped(self, value, name):
         if self.dynamic and not self.min_scale <= value <= self.max_scale:
             raise AmpArgumentError("%s=%r is outside [min_scale, max_scale] = [%r, %r]"
-                             % (name, value, self.min_scale, self.max_scale))
+                                   % (name, value, self.min_scale, self.max_scale))
         return value
 
     @property
@@ -240,12 +238,10 @@ class LossScaler:
         if missing or unknown:
             raise AmpArgumentError("not a LossScaler state: missing keys %s, unknown keys %s"
                                    % (sorted(missing), sorted(unknown)))
-        options = {key: state.get(key, getattr(DEFAULTS, key))
-                   for key in ("growth_factor", "backoff_factor", "growth_interval",
-                               "min_scale", "max_scale", "hysteresis", "dynamic")}
+        options = {key: state.get(key, getattr(DEFAULTS, key)) for key in _OPTIONS}
         # Validate everything on a fresh instance first so a bad state changes nothing here.
         fresh = LossScaler(init_scale=state["scale"], **options)
-        for key in ("clean_steps", "overflows_since_change", "steps", "skipped_steps"):
+        for key in _COUNTERS:
             value = state.get(key, 0)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise AmpArgumentError("%s must be an integer >= 0, got %r" % (key, value))

@@ -32,8 +32,8 @@ attributes are reached through :class:`mxamp.mxnet_private.TrainerView`.
 >>> net.weight.data().asnumpy().tolist()
 [[0.5, 0.5]]
 """
-# This module hooks into the Trainer's private state by design (as MXNet's own AMP does).
-# pylint: disable=protected-access
+# It hooks into the Trainer's private state by design (as MXNet's own AMP does), through
+# mxamp.mxnet_private.TrainerView; only mxamp's own marker attribute is set directly.
 import contextlib
 import dataclasses
 import functools
@@ -282,7 +282,7 @@ def _wrap_checkpointing(trainer):
             this.amp_loss_scaler.load_state_dict(state)
 
     trainer.save_states, trainer.load_states = save_states, load_states
-    trainer._mxamp_checkpointing = True
+    trainer._mxamp_checkpointing = True  # pylint: disable=protected-access
 
 
 def _before_first_step(trainer, lock):

@@ -44,8 +44,9 @@ class TrainerScaler:
 
     def __init__(self, scaler, target_dtype, skip_nonfinite=True):
         if scaler.dynamic and not skip_nonfinite:
-            raise AmpArgumentError("dynamic loss scaling needs skip_nonfinite=True: an overflowed "
-                             "step would otherwise write Inf/NaN into the weights")
+            raise AmpArgumentError("dynamic loss scaling needs skip_nonfinite=True: an "
+                                   "overflowed step would otherwise write Inf/NaN into the "
+                                   "weights")
         self.scaler = scaler
         self.target_dtype = target_dtype
         self.skip_nonfinite = bool(skip_nonfinite)
@@ -95,8 +96,8 @@ class TrainerScaler:
     @_scale_seq_len.setter
     def _scale_seq_len(self, value):
         if isinstance(value, bool) or int(value) != value or value < 1:
-            raise AmpArgumentError("_scale_seq_len (growth interval) must be an integer >= 1, got %r"
-                             % (value,))
+            raise AmpArgumentError("_scale_seq_len (growth interval) must be an integer >= 1, "
+                                   "got %r" % (value,))
         with self.lock:
             self.scaler.growth_interval = int(value)
 
@@ -109,7 +110,7 @@ class TrainerScaler:
         value = float(value)
         if value < self.scaler.min_scale:
             raise AmpArgumentError("_max_loss_scale=%r is below min_scale=%r"
-                             % (value, self.scaler.min_scale))
+                                   % (value, self.scaler.min_scale))
         with self.lock:
             self.scaler.max_scale = value
             if self.scaler.scale > value:

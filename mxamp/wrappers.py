@@ -45,7 +45,7 @@ def amp_enabled():
     >>> amp_enabled()
     True
     """
-    return not getattr(STATE.local, "disabled", 0)
+    return not STATE.disabled_depth()
 
 
 class Policy(NamedTuple):

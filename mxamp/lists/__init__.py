@@ -105,7 +105,8 @@ class OpLists:
         return self.reasons.get(op_name, "")
 
     def computing_in_fp32(self, ops):
-        """A copy in which ``ops`` leave their category for ``fp32`` (ops a device lacks kernels for).
+        """A copy in which ``ops`` leave their category for ``fp32`` (ops a device lacks
+        kernels for).
 
         >>> lists = get_op_lists('bfloat16').computing_in_fp32({'Convolution', 'BatchNorm'})
         >>> lists.category('Convolution'), lists.category('BatchNorm')
@@ -120,20 +121,24 @@ class OpLists:
                                          if k not in ops})
 
     def with_overrides(self, target_precision_ops=None, conditional_fp32_ops=None,
-                       fp32_ops=None, known_ops=None, canonical=None):
+                       fp32_ops=None, canonical=None):
         """A copy in which the given lists replace the defaults of their category.
 
         The parameters mean what they mean in ``amp.init``: ``target_precision_ops`` and
         ``fp32_ops`` are lists of op names, ``conditional_fp32_ops`` a list of
         ``(op name, parameter name, [values])``. An op named in an override leaves its old
         category; an op that a replaced default list held and no override names becomes
-        neutral. Given ``canonical`` (alias -> canonical op name), naming one alias of an op
-        moves all its aliases. Raises ``ValueError`` for a name in two lists or (given
-        ``known_ops``, the registered operator names) for a name that is not an operator.
+        neutral. Given ``canonical`` (alias -> canonical op name), a name stands for its
+        operator: every alias of it moves with it (an alias the caller names in
+        ``conditional_fp32_ops`` keeps its own entry), and two lists may not name the same
+        operator under different names. Raises :class:`~mxamp.errors.AmpArgumentError` for a
+        malformed list or an op in two lists (operator names are checked by
+        :func:`mxamp.opfuncs.check_op_names`).
 
-        >>> lists = get_op_lists('float16').with_overrides(fp32_ops=['FullyConnected'])
-        >>> lists.category('FullyConnected')
-        'fp32'
+        >>> lists = get_op_lists('float16').with_overrides(fp32_ops=['flatten'],
+        ...                                                canonical={'flatten': 'Flatten'})
+        >>> lists.category('Flatten'), lists.category('flatten')
+        ('fp32', 'fp32')
         """
         given = {}
         if target_precision_ops is not None:
@@ -144,18 +149,11 @@ class OpLists:
         if conditional_fp32_ops is not None:
             conditional = _conditional(conditional_fp32_ops)
             given["conditional_fp32_ops"] = list(conditional)
-        _check_disjoint(given)
-        if known_ops is not None:
-            unknown = sorted({n for names in given.values() for n in names} - set(known_ops))
-            if unknown:
-                raise AmpArgumentError(
-                    "not registered MXNet operators: %s (amp.list_lp16_ops(), "
-                    "amp.list_fp32_ops() and mx.operator.get_all_registered_operators() "
-                    "list valid names)" % ", ".join(unknown))
+        root = (lambda n: canonical.get(n, n)) if canonical else (lambda n: n)
+        _check_disjoint(given, root)
+        if canonical:
+            given, conditional = self._with_aliases(given, conditional, root)
         named = {n for names in given.values() for n in names}
-        if canonical is not None:  # naming one alias of an op moves every alias of it
-            roots = {canonical.get(n, n) for n in named}
-            named |= {n for n in self.all_ops() if canonical.get(n, n) in roots}
         low = set(self.low_precision) - named
         fp32 = set(self.fp32) - named
         cond = {k: v for k, v in self.conditional_fp32.items() if k not in named}
@@ -171,13 +169,33 @@ class OpLists:
             neutral |= set(cond)
             cond = conditional
         return replace(self, low_precision=frozenset(low), fp32=frozenset(fp32),
-                       widest=frozenset(widest), neutral=frozenset(neutral - low - fp32 - set(cond)),
+                       widest=frozenset(widest),
+                       neutral=frozenset(neutral - low - fp32 - set(cond)),
                        conditional_fp32=cond)
+
+    def _with_aliases(self, given, conditional, root):
+        """``given``'s lists and ``conditional`` extended to every name of each operator they
+        name (the names these lists and the overrides know, grouped by ``root``)."""
+        by_root = {}
+        for name in set(self.all_ops()).union(*given.values()):
+            by_root.setdefault(root(name), set()).add(name)
+        expanded = {}
+        for what, names in given.items():
+            out = list(dict.fromkeys(names))
+            out += sorted({a for n in names for a in by_root[root(n)]} - set(out))
+            expanded[what] = out
+        if conditional is not None:
+            conditional = dict(conditional)
+            for op, rule in list(conditional.items()):
+                for alias in sorted(by_root[root(op)]):
+                    conditional.setdefault(alias, rule)
+        return expanded, conditional
 
 
 def _names(ops, what):
     if isinstance(ops, str) or not all(isinstance(o, str) for o in ops):
-        raise AmpArgumentError("%s must be a list of operator names (strings), got %r" % (what, ops))
+        raise AmpArgumentError("%s must be a list of operator names (strings), got %r"
+                               % (what, ops))
     return list(ops)
 
 
@@ -187,22 +205,24 @@ def _conditional(entries):
         ok = (isinstance(entry, (list, tuple)) and len(entry) == 3 and isinstance(entry[0], str)
               and isinstance(entry[1], str) and isinstance(entry[2], (list, tuple)))
         if not ok:
-            raise AmpArgumentError("conditional_fp32_ops entries must be (op name, parameter name, "
-                             "[parameter values]), got %r" % (entry,))
+            raise AmpArgumentError("conditional_fp32_ops entries must be (op name, parameter "
+                                   "name, [parameter values]), got %r" % (entry,))
         if entry[0] in out:
             raise AmpArgumentError("conditional_fp32_ops names %r twice" % entry[0])
         out[entry[0]] = (entry[1], tuple(str(v) for v in entry[2]))
     return out
 
 
-def _check_disjoint(given):
+def _check_disjoint(given, root):
+    """No operator (as ``root`` names it) in two of the ``given`` lists."""
     keys = list(given)
     for i, a in enumerate(keys):
         for b in keys[i + 1:]:
-            both = sorted(set(given[a]) & set(given[b]))
+            ops = {root(n) for n in given[b]}
+            both = sorted({n for n in given[a] if root(n) in ops})
             if both:
-                raise AmpArgumentError("ops placed in both %s and %s: %s; an op runs in one precision"
-                                 % (a, b, ", ".join(both)))
+                raise AmpArgumentError("ops placed in both %s and %s: %s; an op runs in one "
+                                       "precision" % (a, b, ", ".join(both)))
 
 
 @functools.lru_cache(maxsize=None)

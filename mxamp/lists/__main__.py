@@ -25,20 +25,17 @@ bfloat16:
 """
 import argparse
 import difflib
-import importlib
 import sys
 
 from ..cpu import BF16_CLASSES
-from . import common
+from ..dtypes import TARGETS
+from . import bfloat16, common, float16
 
-TARGETS = ("float16", "bfloat16")
+#: Each target's data module (its full tables, and the DIFF_ tables it states itself).
+MODULES = {"float16": float16, "bfloat16": bfloat16}
 #: OpLists category name of each data table.
 CATEGORY_OF_TABLE = dict(zip(common.CATEGORY_TABLES, (
     "low_precision", "fp32", "widest", "neutral", "conditional_fp32")))
-
-
-def _module(target):
-    return importlib.import_module("mxamp.lists." + target)
 
 
 def _classification(op, module):
@@ -102,7 +99,7 @@ def explain(name, out=None, err=None):
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     registry = _registry()
-    modules = {t: _module(t) for t in TARGETS}
+    modules = MODULES
     listed = set()
     for module in modules.values():
         for table in common.CATEGORY_TABLES:
@@ -168,7 +165,7 @@ def differences():
     (['Dropout', '_npx_dropout'], 'neutral', 'fp32')
     """
     registry = _registry()
-    modules = {t: _module(t) for t in TARGETS}
+    modules = MODULES
     groups = {}
     for table in common.CATEGORY_TABLES:
         for module in modules.values():
@@ -232,7 +229,7 @@ def summary(out=None):
     ...
     """
     out = sys.stdout if out is None else out
-    modules = {t: _module(t) for t in TARGETS}
+    modules = MODULES
     print("%-16s %s" % ("category", "  ".join("%8s" % t for t in TARGETS)), file=out)
     for table, category in CATEGORY_OF_TABLE.items():
         print("%-16s %s" % (category, "  ".join(
