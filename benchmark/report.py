@@ -68,8 +68,11 @@ def _workload_rows(cells, quick=False):
 def _amx_text(features):
     if not features:
         return "mxamp's CPU features: not reported (no mxamp run succeeded)."
+    if features.get("amx_in_effect"):
+        return "AMX in effect for oneDNN (%s)." % features.get("amx_check")
     if features.get("amx_enabled"):
-        return "mxamp enabled AMX for oneDNN (DNNL_MAX_CPU_ISA=%s)." % features["onednn_max_isa"]
+        return ("mxamp asked for AMX but it is NOT in effect (%s)."
+                % (features.get("amx_check") or "unchecked"))
     note = {"none": " **This CPU has no bfloat16 kernels: mxamp computes a bfloat16 request in "
                     "float32 here, so the mxamp columns measure AMP's own overhead.**",
             "emulated": " **This CPU has no native bf16: oneDNN emulates it, bf16 is expected "

@@ -23,8 +23,8 @@ _MISSING_MXNET = (
     "or pip install 'mxamp[cu112]' (CUDA 11.2 GPUs, float16)."
 )
 
-# Before MXNet's first oneDNN primitive: lets oneDNN use AMX where the CPU and kernel allow it
-# (MXAMP_DISABLE_AMX=1 opts out); see mxamp/cpu.py for the import-order rules.
+# Before MXNet's first oneDNN primitive: with MXAMP_AMX=1 (an opt-in: AMX is off by default),
+# lets oneDNN use AMX where the CPU and kernel allow it; see mxamp/cpu.py for the import order.
 from . import cpu as _cpu  # noqa: E402
 _cpu.enable_amx_if_possible()
 

@@ -17,7 +17,8 @@ from .devices import precision_plan
 from .lists import symbol_bf16, symbol_fp16  # noqa: F401  (amp.lists.symbol_fp16, ...)
 from .opfuncs import lists_for
 from .o2 import cast_model
-from .patching import disabled, init, is_initialized, op_lists, patch_state, reset, target_dtype
+from .patching import (disabled, init, is_initialized, op_lists, patch_state, precision_of, reset,
+                       target_dtype)
 from . import loss_outputs  # noqa: F401  (registers the op that scales loss-output gradients)
 from .trainer import global_norm_and_overflow, init_trainer, loss_scaler, scale_loss, unscale
 
@@ -28,7 +29,7 @@ __all__ = [
     "list_loss_output_functions", "list_lp16_use_fp32_params", "list_fp16_ops",
     "list_fp16_fp32_ops", "disabled", "is_initialized", "patch_state", "target_dtype",
     "reset", "op_lists", "cast_model", "accuracy_report",
-    "cpu_features", "global_norm_and_overflow", "loss_scaler", "precision_plan",
+    "cpu_features", "global_norm_and_overflow", "loss_scaler", "precision_plan", "precision_of",
 ]
 
 

@@ -98,6 +98,47 @@ def cast_into(x, out):
     _ND_AMP_CAST(x, dtype=out.dtype, out=out)
 
 
+def _float_name(dtype):
+    try:
+        name = dtypes.name_of(dtype)
+    except (TypeError, ValueError):
+        return None
+    return name if name in ("float16", "bfloat16", "float32") else None
+
+
+def fix_astype():
+    """Make ``NDArray.astype`` and ``mx.np.ndarray.astype`` work on bfloat16 oneDNN outputs.
+
+    MXNet's ``astype`` is ``empty(dtype)`` plus ``copyto``, and that copy cannot change the
+    dtype of an array held in a oneDNN (blocked) layout: ``y.astype('float32')`` of a bfloat16
+    Convolution output fails at the next sync with "The size of NDArray doesn't match the
+    requested MKLDNN memory desc" on every AVX-512 CPU (measured on Sapphire Rapids and Zen 5).
+    After this call a conversion from or to bfloat16 between float types goes through
+    :func:`cast` (``amp_cast``: differentiable, rounds to nearest); every other ``astype``
+    is MXNet's. Installed once per process by ``amp.init``, ``cast_model`` and
+    ``convert_hybrid_block``; idempotent.
+
+    >>> fix_astype()
+    >>> y = mx.nd.array([1.0, 2.5]).astype('bfloat16')
+    >>> y.astype('float32').asnumpy().tolist()
+    [1.0, 2.5]
+    """
+    for cls in (NDArray, NPArray):
+        original = cls.__dict__["astype"]
+        if getattr(original, "__mxamp_original__", None) is not None:
+            continue
+
+        def astype(self, dtype, *args, __original=original, **kwargs):
+            to, cur = _float_name(dtype), _DTYPE_NAMES.get(self.dtype)
+            if to and cur and to != cur and "bfloat16" in (to, cur):
+                return cast(self, to)
+            return __original(self, dtype, *args, **kwargs)
+
+        astype.__mxamp_original__ = original
+        astype.__name__, astype.__doc__ = original.__name__, original.__doc__
+        setattr(cls, "astype", astype)
+
+
 #: The name of :func:`cast` for NDArrays in mxamp 0.1.0.
 cast_ndarray = cast
 

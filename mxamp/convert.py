@@ -43,12 +43,13 @@ from mxnet.gluon import HybridBlock
 from mxnet.module import BucketingModule
 
 from . import devices, dtypes
-from .casting import cast
+from .casting import cast, fix_astype
 from .errors import AmpArgumentError, check_name_list
 from .gluon_graph import ConvertedBlock, block_context, trace_graph
 from .mxnet_private import BucketingView, NumpySymbol, ParamView
 from .opfuncs import lists_for
 from .precision_pass import CAST_OPS, graph_nodes, op_names, param_dtypes, reduce_precision
+from .wrappers import symbol_data_shape
 
 _LOG = logging.getLogger(__name__)
 
@@ -57,17 +58,38 @@ CPU_TARGETS = ("bfloat16",)
 
 
 def resolve_op_lists(target_dtype, target_dtype_ops=None, fp32_ops=None,
-                     conditional_fp32_ops=None):
+                     conditional_fp32_ops=None, allow_widest_overrides=False):
     """mxamp's op lists for a target, with the user's overrides applied and checked.
 
     The same resolver as ``amp.init`` (:func:`mxamp.opfuncs.lists_for`): an alias names its op,
     and a bad list, an unknown operator or an op in two lists raises
-    :class:`~mxamp.errors.AmpArgumentError`.
+    :class:`~mxamp.errors.AmpArgumentError`. As in ``mxnet.contrib.amp.convert_symbol``, an op
+    of the widest-type list (``elemwise_add``, ``Concat``, ...) cannot be named in the override
+    lists (an ``AssertionError``) unless ``allow_widest_overrides=True``, mxamp's explicit way to
+    move it.
 
     >>> resolve_op_lists('bfloat16', fp32_ops=['Convolution']).category('Convolution')
     'fp32'
+    >>> resolve_op_lists('bfloat16', fp32_ops=['elemwise_add'])
+    Traceback (most recent call last):
+    ...
+    mxamp.errors.AmpArgumentError: fp32_ops names ops of the widest-type list, which convert_* keeps as they are (as mxnet.contrib.amp does): elemwise_add; pass allow_widest_overrides=True to move them
     """
-    return lists_for(dtypes.normalize(target_dtype), target_precision_ops=target_dtype_ops,
+    target = dtypes.normalize(target_dtype)
+    if not allow_widest_overrides:
+        widest = lists_for(target).widest
+        named = [("target_dtype_ops", target_dtype_ops), ("fp32_ops", fp32_ops),
+                 ("conditional_fp32_ops", [e[0] for e in conditional_fp32_ops or ()
+                                           if isinstance(e, (list, tuple)) and e])]
+        for what, names in named:
+            if isinstance(names, (list, tuple)):
+                clash = sorted({n for n in names if isinstance(n, str) and n in widest})
+                if clash:
+                    raise AmpArgumentError(
+                        "%s names ops of the widest-type list, which convert_* keeps as they "
+                        "are (as mxnet.contrib.amp does): %s; pass allow_widest_overrides=True "
+                        "to move them" % (what, ", ".join(clash)))
+    return lists_for(target, target_precision_ops=target_dtype_ops,
                      fp32_ops=fp32_ops, conditional_fp32_ops=conditional_fp32_ops,
                      low_precision_argument="target_dtype_ops")
 
@@ -96,15 +118,70 @@ def _strip_output_casts(converted, original):
     return outputs[0] if len(outputs) == 1 else mx.sym.Group(outputs)
 
 
-def _convert(sym, lists, excluded, data_names, cast_optional_params, fp32_outputs):
+def _node_data_shape(internals, outputs, node_name, known_shapes):
+    """The shape of the first input of node ``node_name``, inferred as far as MXNet can."""
+    first = next((o for o in outputs if o.startswith(node_name + "_")), None)
+    if first is None:
+        return None
+    children = internals[first].get_children()
+    if children is None:
+        return None
+    return symbol_data_shape(children[0], known_shapes)
+
+
+def conditional_fp32_nodes(sym, lists, known_shapes=None):
+    """Names of the nodes of ``sym`` whose float32 condition holds: a conditional rule of the
+    lists (``conditional_fp32_ops``) or a condition of the CPU class the graph is built for.
+
+    ``known_shapes`` maps input names to shapes; a condition on a shape that cannot be inferred
+    counts as its ``if_unknown``.
+
+    >>> import mxnet as mx
+    >>> from mxamp.opfuncs import lists_for
+    >>> lists = lists_for('bfloat16', conditional_fp32_ops=[('Convolution', 'kernel', ['(7, 7)'])])
+    >>> x = mx.sym.var('data')
+    >>> stem = mx.sym.Convolution(x, kernel=(7, 7), num_filter=8, name='stem')
+    >>> sorted(conditional_fp32_nodes(mx.sym.Convolution(stem, kernel=(3, 3), num_filter=8), lists))
+    ['stem']
+    """
+    rules = {op: lists.conditions(op) for op in lists.conditional_fp32}
+    for op, conds in lists.device_conditions.items():
+        rules[op] = tuple(rules.get(op, ())) + tuple(conds)
+    candidates = [n for n in graph_nodes(sym) if rules.get(n["op"])]
+    if not candidates:
+        return set()
+    internals = sym.get_internals()
+    outputs = internals.list_outputs()
+    found = set()
+    for node in candidates:
+        attrs = node.get("attrs", {})
+        conds = rules[node["op"]]
+        shape = None
+        if any(c.needs_shapes() for c in conds):
+            shape = _node_data_shape(internals, outputs, node["name"], known_shapes or {})
+        if any(c.holds(attrs, shape) for c in conds):
+            found.add(node["name"])
+    return found
+
+
+def _convert(sym, lists, excluded, data_names, cast_optional_params, fp32_outputs,
+             known_shapes=None):
     """convert_symbol once its arguments are checked and its op lists resolved."""
     unlisted = _unlisted_ops(sym, lists)
     if unlisted:
         _LOG.warning("ops in no %s op list run in float32: %s", lists.target, ", ".join(unlisted))
+    # A conditional op is float32 where its condition holds (those nodes are excluded) and in
+    # its own list elsewhere; MXNet's pass would test one parameter's exact string only.
+    by_base = {}
+    for op in lists.conditional_fp32:
+        by_base.setdefault(lists.base_category(op), set()).add(op)
+    excluded = sorted(set(excluded) | conditional_fp32_nodes(sym, lists, known_shapes))
     converted = reduce_precision(
-        sym, lists.target, low_precision=lists.low_precision, fp32=set(lists.fp32) | set(unlisted),
-        widest=lists.widest, conditional_fp32=lists.conditional_fp32, excluded=excluded,
-        data_names=data_names, cast_params=bool(cast_optional_params))
+        sym, lists.target, low_precision=set(lists.low_precision) | by_base.get("low_precision",
+                                                                                set()),
+        fp32=set(lists.fp32) | set(unlisted) | by_base.get("fp32", set()),
+        widest=set(lists.widest) | by_base.get("widest", set()), conditional_fp32=None,
+        excluded=excluded, data_names=data_names, cast_params=bool(cast_optional_params))
     if not fp32_outputs:
         converted = _strip_output_casts(converted, sym)
     if isinstance(sym, NumpySymbol):  # keep the numpy interface of the input
@@ -114,7 +191,7 @@ def _convert(sym, lists, excluded, data_names, cast_optional_params, fp32_output
 
 def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
                    conditional_fp32_ops=None, excluded_sym_names=None, data_names=None,
-                   cast_optional_params=False, fp32_outputs=True):
+                   cast_optional_params=False, fp32_outputs=True, allow_widest_overrides=False):
     """Return a mixed-precision copy of a float32 Symbol (casts inserted, the input untouched).
 
     Parameters mean what they mean in ``mxnet.contrib.amp.convert_symbol``: the three op lists
@@ -122,7 +199,10 @@ def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=
     in float32; ``data_names`` are the inputs that carry data (default: the inputs without a
     ``__dtype__`` attribute); ``cast_optional_params=True`` types the parameters in the target
     dtype (recorded in their ``__dtype__`` attribute) instead of casting them in the graph.
-    ``fp32_outputs=False`` keeps each output in the dtype it was computed in.
+    ``fp32_outputs=False`` keeps each output in the dtype it was computed in. Naming an op of
+    the widest-type list in the override lists is an ``AssertionError``, as in the reference,
+    unless ``allow_widest_overrides=True``. ``conditional_fp32_ops`` puts the matching nodes
+    in float32 and leaves the others in their own list (conditions: :mod:`mxamp.lists.conditions`).
 
     The graph is the one requested, whether or not this machine has kernels for it: a model to
     deploy elsewhere (a bfloat16 graph made on a CPU without bfloat16 kernels runs on an
@@ -142,7 +222,7 @@ def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=
     requested = dtypes.normalize_request(target_dtype)
     device = devices.symbol_device()
     lists = resolve_op_lists(devices.target_for(requested, device), target_dtype_ops, fp32_ops,
-                             conditional_fp32_ops)
+                             conditional_fp32_ops, allow_widest_overrides)
     if requested == dtypes.AUTO:
         lists = _for_devices(requested, lists, [device])
     excluded = check_name_list(excluded_sym_names, "excluded_sym_names") or []
@@ -167,7 +247,7 @@ def _cast_params(params, wanted):
 
 def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dtype_ops=None,
                   fp32_ops=None, conditional_fp32_ops=None, excluded_sym_names=None,
-                  cast_optional_params=False, fp32_outputs=True):
+                  cast_optional_params=False, fp32_outputs=True, allow_widest_overrides=False):
     """Convert a Symbol and its parameters; return ``(symbol, arg_params, aux_params)``.
 
     The returned dicts are new: each parameter is cast to the dtype the converted graph needs
@@ -189,7 +269,7 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
     data_names = [n for n in sym.list_inputs() if n not in arg_params and n not in aux_params]
     converted = convert_symbol(sym, target_dtype, target_dtype_ops, fp32_ops,
                                conditional_fp32_ops, excluded_sym_names, data_names,
-                               cast_optional_params, fp32_outputs)
+                               cast_optional_params, fp32_outputs, allow_widest_overrides)
     wanted = param_dtypes(converted)
     return converted, _cast_params(arg_params, wanted), _cast_params(aux_params, wanted)
 
@@ -235,12 +315,27 @@ def _for_devices(requested, lists, device_names):
         elif plan.fp32_ops:
             _LOG.info("mxamp: no %s kernel on a CPU of class %r, kept in float32: %s",
                       lists.target, device, devices.op_summary(plan.fp32_ops))
-    return lists.computing_in_fp32(fp32_ops)
+    lists = lists.computing_in_fp32(fp32_ops)
+    conditions = {}
+    for device in sorted(set(device_names)):
+        for op, conds in devices.plan(requested, lists, device).fp32_when.items():
+            conditions[op] = conditions.get(op, ()) + tuple(conds)
+    return lists.with_device_conditions(conditions)
+
+
+def _example_shapes(inputs, example_inputs):
+    """{input name: shape} of the example inputs, when given."""
+    if example_inputs is None:
+        return {}
+    if not isinstance(example_inputs, (list, tuple)):
+        example_inputs = (example_inputs,)
+    return {i.name: x.shape for i, x in zip(inputs, example_inputs)}
 
 
 def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
                          conditional_fp32_ops=None, excluded_sym_names=None, ctx=None,
-                         cast_optional_params=False, example_inputs=None, fp32_outputs=True):
+                         cast_optional_params=False, example_inputs=None, fp32_outputs=True,
+                         allow_widest_overrides=False):
     """Return a mixed-precision :class:`ConvertedBlock` (a SymbolBlock) made from a HybridBlock.
 
     The block must have been hybridized and run once, or ``example_inputs`` (an NDArray or a
@@ -269,18 +364,20 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
         raise AmpArgumentError("ctx must be an mx.Context (e.g. mx.cpu()), got %r" % (ctx,))
     ctx = ctx or block_context(block)
     requested, target = _requested_target(target_dtype, [ctx])
-    lists = resolve_op_lists(target, target_dtype_ops, fp32_ops, conditional_fp32_ops)
+    lists = resolve_op_lists(target, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+                             allow_widest_overrides)
     inputs, sym = trace_graph(block, example_inputs)
     lists = _for_devices(requested, lists, [devices.device_of(ctx)])
     excluded = check_name_list(excluded_sym_names, "excluded_sym_names") or []
     _check_excluded(excluded, [n["name"] for n in graph_nodes(sym)])
     converted = _convert(sym, lists, excluded, [i.name for i in inputs], cast_optional_params,
-                         fp32_outputs)
+                         fp32_outputs, _example_shapes(inputs, example_inputs))
     _check_device_can_run(lists, converted, [ctx])
     # Typed input variables spare SymbolBlock a "cannot decide type" warning.
     typed_inputs = [mx.sym.var(i.name, dtype="float32") for i in inputs]
     typed_inputs = [v.as_np_ndarray() if isinstance(i, NumpySymbol) else v
                     for v, i in zip(typed_inputs, inputs)]
+    fix_astype()  # fp32_outputs=False leaves bfloat16 oneDNN outputs to the caller's astype
     ret = ConvertedBlock(converted, typed_inputs)
     source = {p.name: p for p in block.collect_params().values()}
     wanted = param_dtypes(converted)
@@ -293,7 +390,8 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
 
 def convert_bucketing_module(bucketing_mod, target_dtype=None, target_dtype_ops=None,
                              fp32_ops=None, conditional_fp32_ops=None, excluded_sym_names=None,
-                             cast_optional_params=False, fp32_outputs=True):
+                             cast_optional_params=False, fp32_outputs=True,
+                             allow_widest_overrides=False):
     """Convert every bucket of an initialised BucketingModule; return a new BucketingModule.
 
     ``excluded_sym_names`` may name nodes of any bucket (a name must exist in at least one);
@@ -314,7 +412,8 @@ def convert_bucketing_module(bucketing_mod, target_dtype=None, target_dtype_ops=
     contexts = view.context
     contexts = list(contexts) if isinstance(contexts, (list, tuple)) else [contexts]
     requested, target = _requested_target(target_dtype, contexts)
-    lists = resolve_op_lists(target, target_dtype_ops, fp32_ops, conditional_fp32_ops)
+    lists = resolve_op_lists(target, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+                             allow_widest_overrides)
     lists = _for_devices(requested, lists, [devices.device_of(c) for c in contexts])
     excluded = check_name_list(excluded_sym_names, "excluded_sym_names") or []
     per_bucket = {key: {n["name"] for n in graph_nodes(mod.symbol)}

@@ -22,24 +22,23 @@ The class is decided once per process (:func:`cpu_features`, a few milliseconds:
 exact, case-sensitive names (``AVX2``, ``AVX512_CORE``, ...; anything else means no cap); the
 older ``MKLDNN_MAX_CPU_ISA`` spelling is ignored by oneDNN 2.x and so by this model.
 
-**AMX.**
-oneDNN 2.4 (inside MXNet 1.9.1) never uses AMX unless two things happen before it creates its
-first primitive: Linux grants the process the AMX tile state (``arch_prctl(ARCH_REQ_XCOMP_PERM,
-XFEATURE_XTILEDATA)``) and ``DNNL_MAX_CPU_ISA=AVX512_CORE_AMX`` is in the environment. The
-variable without the grant kills the process with SIGILL at the first AMX instruction, so mxamp
-sets it only after the grant succeeded.
+**AMX is off unless you opt in.** On Sapphire Rapids, oneDNN 2.4's AMX kernels (which it
+calls initial support and leaves off by default) make GEMM-heavy models 1.75-2.6x faster than
+float32, but they also corrupt the heap on a family of bfloat16 1x1 convolutions and run
+BatchNorm backward in a slow reference kernel (MobileNet training 15x slower than float32);
+NOTES.md section 2. So ``import mxamp`` leaves oneDNN's ISA alone, and ``MXAMP_AMX=1`` in the
+environment (before ``import mxamp``) opts in: mxamp then asks Linux for the AMX tile state,
+hands oneDNN ``DNNL_MAX_CPU_ISA=AVX512_CORE_AMX`` through one tiny primitive and removes the
+variable again (:mod:`mxamp.amx`). On the ``amx`` class mxamp keeps the convolution shapes that
+corrupt memory in float32 (``python -m mxamp.lists --explain Convolution``).
 
-``import mxamp`` calls :func:`enable_amx_if_possible`. It sets the variable, runs one tiny
-oneDNN primitive so that oneDNN reads it (oneDNN reads it once, at its first primitive), and
-then removes it from ``os.environ`` again: the grant is not inherited across ``exec``, so a
-child process that saw the variable could die of SIGILL.
+Import order: the opt-in works when ``import mxamp`` comes before the first oneDNN operator
+(FullyConnected, Convolution, Activation, BatchNorm, ...) of the process; ``import mxnet``
+first is fine. Too late, oneDNN has fixed its ISA for good: :func:`cpu_features` then checks
+whether AMX is *in effect* (a bfloat16 GEMM timed against float32, :mod:`mxamp.amx`), reports
+the class it really is, and warns once with the fix. Nothing is changed when:
 
-Import order: AMX is enabled when ``import mxamp`` comes before the first oneDNN operator
-(FullyConnected, Convolution, Activation, BatchNorm, ...) of the process. ``import mxnet`` first
-is fine; running such an operator first is not (oneDNN has then fixed its ISA for good, and
-nobody can tell from outside). Nothing is changed when:
-
-- ``MXAMP_DISABLE_AMX=1`` is set (the opt-out);
+- ``MXAMP_AMX`` is unset or off, or ``MXAMP_DISABLE_AMX=1`` is set (the 0.1.0 opt-out wins);
 - the user set ``DNNL_MAX_CPU_ISA`` or ``MKLDNN_MAX_CPU_ISA`` (their choice wins; mxamp still asks
   for the tile grant when that choice names AMX, so that it cannot crash);
 - the CPU lacks ``amx_bf16`` or the kernel refuses the grant (Linux < 5.16, other OS).
@@ -47,20 +46,25 @@ nobody can tell from outside). Nothing is changed when:
 >>> from mxamp import cpu
 >>> features = cpu.cpu_features()
 >>> sorted(features.as_dict())[:3]
-['amx_bf16', 'amx_enabled', 'amx_granted']
+['amx_bf16', 'amx_check', 'amx_enabled']
 """
-import ctypes
 import logging
 import os
 import platform
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
+from .amx import (AMX_ISA, AMX_MIN_SPEEDUP, bf16_gemm_speedup, latch_onednn_isa,
+                  request_permission)
+
 _LOG = logging.getLogger(__name__)
 
-#: Set to 1/true/yes/on to keep mxamp from touching oneDNN's ISA.
+#: Set to 1/true/yes/on (before ``import mxamp``) to let oneDNN use AMX where the CPU has it.
+ENABLE_ENV = "MXAMP_AMX"
+#: Set to 1/true/yes/on to keep mxamp from touching oneDNN's ISA (wins over ENABLE_ENV).
 DISABLE_ENV = "MXAMP_DISABLE_AMX"
 #: The variables users set for oneDNN's ISA cap. oneDNN 2.4 reads only the first; mxamp treats
 #: the pre-2.0 spelling as a sign the user manages the ISA (and leaves AMX alone).
@@ -87,12 +91,6 @@ _ISA_CAPS = {
 _AVX512_CORE_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
 _BF16_FLAGS = _AVX512_CORE_FLAGS + ("avx512_vnni", "avx512_bf16")
 _AMX_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")
-#: The value that lets oneDNN 2.4 dispatch to AMX kernels.
-AMX_ISA = "AVX512_CORE_AMX"
-
-_SYS_ARCH_PRCTL = 158          # x86_64 syscall number
-_ARCH_REQ_XCOMP_PERM = 0x1023
-_XFEATURE_XTILEDATA = 18
 _TRUE_WORDS = ("1", "true", "yes", "on")
 _FALSE_WORDS = ("", "0", "false", "no", "off")
 
@@ -110,7 +108,7 @@ class CpuFeatures:
     amx_bf16: bool               #: AMX bf16 tile multiply
     amx_tile: bool               #: AMX tile registers
     amx_granted: bool            #: Linux granted this process the AMX tile state
-    amx_enabled: bool            #: mxamp handed oneDNN the AMX ISA cap
+    amx_enabled: bool            #: mxamp handed oneDNN the AMX ISA cap (asked for AMX)
     onednn_max_isa: Optional[str]  #: ISA cap oneDNN was given (by mxamp or the user), None if none
     reason: str                  #: why AMX is not enabled ('' when it is)
     mxnet_imported_first: bool = False  #: mxnet was imported before mxamp (see the import order)
@@ -119,6 +117,9 @@ class CpuFeatures:
     bf16_reason: str = ""        #: why this class: flags, ISA cap or build, in words
     cpu_model: str = ""          #: the ``model name`` line of /proc/cpuinfo
     decided_ms: float = 0.0      #: how long deciding the class took, in milliseconds
+    #: AMX tiles really compute this process's bfloat16 (asked for in time, and checked)
+    amx_in_effect: bool = False
+    amx_check: str = ""          #: how ``amx_in_effect`` was established, in words
 
     @property
     def native_bf16(self):
@@ -237,57 +238,21 @@ def _best_vector_isa(flags):
     return "no AVX"
 
 
-def request_amx_permission():
-    """Ask Linux for the AMX tile state; returns ``(granted, detail)``.
-
-    Harmless to repeat, and only affects the calling process (inherited by ``fork``, reset by
-    ``exec``).
-
-    >>> granted, detail = request_amx_permission()
-    >>> isinstance(granted, bool) and isinstance(detail, str)
-    True
-    """
-    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return False, "AMX tile permission is a Linux x86_64 request (this is %s %s)" % (
-            sys.platform, platform.machine())
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        status = libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA)
-    except (OSError, AttributeError) as err:
-        return False, "cannot call arch_prctl through libc: %s" % err
-    if status == 0:
-        return True, "granted"
-    errno = ctypes.get_errno()
-    return False, "arch_prctl(ARCH_REQ_XCOMP_PERM) failed: %s (errno %d); Linux >= 5.16 " \
-                  "on an AMX CPU grants it" % (os.strerror(errno), errno)
+#: Ask Linux for the AMX tile state (:func:`mxamp.request_permission`).
+request_amx_permission = request_permission
+#: Make oneDNN read an ISA cap now (:func:`mxamp.latch_onednn_isa`).
+_latch_onednn_isa = latch_onednn_isa
 
 
-def _flag_is_set(value):
+def _flag_is_set(value, name=DISABLE_ENV):
     """Reads an on/off environment value; unknown words count as on, with a warning."""
     word = value.strip().lower()
     if word in _FALSE_WORDS:
         return False
     if word not in _TRUE_WORDS:
-        _LOG.warning("%s=%r is not one of %s; treating it as set (AMX stays off)",
-                     DISABLE_ENV, value, "/".join(_TRUE_WORDS))
+        _LOG.warning("%s=%r is not one of %s; treating it as set", name, value,
+                     "/".join(_TRUE_WORDS))
     return True
-
-
-def _latch_onednn_isa(isa):
-    """Make oneDNN read ``DNNL_MAX_CPU_ISA=isa`` now, then take the variable out of the environment.
-
-    oneDNN fixes its ISA cap at its first primitive; one tiny fp32 FullyConnected is that
-    primitive unless one already ran (then this changes nothing, silently).
-    """
-    import mxnet as mx  # deferred: mxamp.cpu itself must not need MXNet to detect features
-
-    os.environ[ISA_ENV_NAMES[0]] = isa
-    try:
-        data = mx.nd.ones((1, 16), ctx=mx.cpu())
-        weight = mx.nd.ones((16, 16), ctx=mx.cpu())
-        mx.nd.FullyConnected(data, weight, no_bias=True, num_hidden=16).wait_to_read()
-    finally:
-        del os.environ[ISA_ENV_NAMES[0]]
 
 
 def _user_isa(environ):
@@ -298,11 +263,11 @@ def _user_isa(environ):
 
 
 def enable_amx_if_possible():
-    """Let oneDNN use AMX when the CPU, the kernel and the user allow it; returns
-    :class:`CpuFeatures`.
+    """Let oneDNN use AMX when the user opted in (``MXAMP_AMX=1``) and the CPU and the kernel
+    allow it; returns :class:`CpuFeatures`.
 
     ``import mxamp`` already calls it; later calls return the first result. Never raises: when
-    AMX cannot be used, ``reason`` says why and oneDNN keeps its default ISA.
+    AMX is not used, ``reason`` says why and oneDNN keeps its default ISA.
 
     >>> features = enable_amx_if_possible()
     >>> features.amx_enabled or bool(features.reason)
@@ -318,8 +283,7 @@ def enable_amx_if_possible():
 
 
 def _decide_and_enable():
-    """Returns ``(CpuFeatures, unexpected)``; ``unexpected`` marks an AMX CPU left without AMX
-    although the user did not opt out or choose an ISA."""
+    """Returns ``(CpuFeatures, unexpected)``; ``unexpected`` marks an opt-in that failed."""
     flags = read_cpu_flags()
     found = CpuFeatures(
         avx512_bf16="avx512_bf16" in flags, amx_bf16="amx_bf16" in flags,
@@ -334,7 +298,7 @@ def _decide_and_enable():
     if user_var is not None:
         granted = False
         if found.amx_tile and ("AMX" in user_value.upper() or user_value.upper() == "ALL"):
-            granted, _ = request_amx_permission()  # keeps the user's AMX choice from SIGILL
+            granted, _ = request_permission()  # keeps the user's AMX choice from SIGILL
         return replace(found, amx_granted=granted, onednn_max_isa=user_value,
                        reason="left to the user's %s=%s" % (user_var, user_value)), False
 
@@ -342,18 +306,46 @@ def _decide_and_enable():
         return replace(found, reason="this CPU has no amx_bf16 (avx512_bf16: %s)"
                        % ("yes" if found.avx512_bf16 else "no")), False
 
-    granted, detail = request_amx_permission()
+    if not _flag_is_set(os.environ.get(ENABLE_ENV, ""), ENABLE_ENV):
+        return replace(found, reason=(
+            "off by default: oneDNN 2.4's AMX corrupts the heap on some bfloat16 1x1 "
+            "convolutions and runs BatchNorm backward in a slow reference kernel; set %s=1 "
+            "before importing mxamp to opt in" % ENABLE_ENV)), False
+
+    granted, detail = request_permission()
     if not granted:
         return replace(found, reason=detail), True
     try:
-        _latch_onednn_isa(AMX_ISA)
+        latch_onednn_isa(AMX_ISA)
     except Exception as err:  # noqa: BLE001 - a broken probe must not break `import mxamp`
         return replace(found, amx_granted=True,
                        reason="could not hand the ISA cap to oneDNN: %s" % err), True
-    if found.mxnet_imported_first:
-        _LOG.info("mxnet was imported before mxamp: AMX is used only if no oneDNN operator "
-                  "ran before `import mxamp`")
     return replace(found, amx_granted=True, amx_enabled=True, onednn_max_isa=AMX_ISA), False
+
+
+#: Measures float32 time / bfloat16 time of one GEMM (tests replace it to inject timings).
+measure_bf16_speedup = bf16_gemm_speedup
+
+
+def _amx_in_effect(found):
+    """``(in effect, how we know)`` for a process whose ISA cap allows AMX.
+
+    Certain when mxamp latched the cap before anyone imported MXNet (no oneDNN primitive can
+    have run before it); otherwise a bfloat16 GEMM is timed against float32."""
+    if found.amx_enabled and not found.mxnet_imported_first:
+        return True, "mxamp set the AMX cap before MXNet's first oneDNN primitive"
+    speedup = measure_bf16_speedup()
+    verdict = speedup >= AMX_MIN_SPEEDUP
+    return verdict, "a 512x512x512 bfloat16 GEMM ran %.2fx float32's speed (AMX: >= %.1fx)" % (
+        speedup, AMX_MIN_SPEEDUP)
+
+
+def _too_late_message(check):
+    return ("mxamp: AMX was asked for but is not in effect in this process (%s): oneDNN had "
+            "already fixed its instruction set at an earlier oneDNN operator. Import mxamp "
+            "before the first oneDNN operator runs (or set DNNL_MAX_CPU_ISA=AVX512_CORE_AMX "
+            "yourself before starting Python). bfloat16 runs without AMX here (class 'native'), "
+            "which on Sapphire Rapids is slower than float32." % check)
 
 
 def onednn_enabled():
@@ -389,8 +381,16 @@ def cpu_features():
         isa_cap = os.environ.get(ISA_ENV_NAMES[0]) or (AMX_ISA if found.amx_enabled else None)
         bf16_class, why = classify_bf16(flags, isa_cap, found.amx_granted, onednn_enabled(),
                                         platform.machine())
+        in_effect, check = False, ""
+        if bf16_class == "amx":
+            in_effect, check = _amx_in_effect(found)
+            if not in_effect:
+                bf16_class, why = classify_bf16(flags, None, False, True, platform.machine())
+                why = "AMX asked for but not in effect (%s); %s" % (check, why)
+                warnings.warn(_too_late_message(check), RuntimeWarning, stacklevel=2)
         _CLASSIFIED = replace(found, bf16_class=bf16_class, bf16_reason=why, cpu_model=model,
-                              decided_ms=round((time.perf_counter() - start) * 1e3, 2))
+                              decided_ms=round((time.perf_counter() - start) * 1e3, 2),
+                              amx_in_effect=in_effect, amx_check=check)
         _LOG.info("mxamp: CPU bfloat16 class %r (%s), decided in %.1f ms", bf16_class, why,
                   _CLASSIFIED.decided_ms)
     return _CLASSIFIED

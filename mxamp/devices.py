@@ -25,7 +25,7 @@ steps with non-finite gradients, and a model behaves, bit for bit, as in float32
 'bfloat16'
 """
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import dtypes
 from .dtypes import is_cpu
@@ -54,6 +54,9 @@ class DevicePlan:
     compute: str                 #: what the low-precision ops compute in here: target or 'float32'
     fp32_ops: frozenset          #: ops computed in float32 here whatever their category
     reason: str                  #: why low precision is off or slower here ('' when neither)
+    #: op -> conditions (mxamp.lists.conditions) under which it computes in float32 here: shapes
+    #: whose low-precision kernel is broken on this CPU class (e.g. AMX's 1x1 convolutions)
+    fp32_when: dict = field(default_factory=dict, compare=False)
 
     @property
     def low_precision(self):
@@ -129,6 +132,24 @@ def target_for(requested, device):
     return "float16" if device == GPU else "bfloat16"
 
 
+#: Why 'auto' computes in float32 on an AMX CPU whose AMX is off (class 'native' there).
+WHY_AMX_OFF = ("this CPU has AMX but it is off (set MXAMP_AMX=1 before importing mxamp to use "
+               "it); bfloat16 without AMX measured 0.68-0.90x float32's speed on Sapphire Rapids")
+
+
+def amx_idle_here(device):
+    """True when ``device`` is this CPU, it has AMX tiles, and AMX is not in effect: bfloat16
+    then runs on AVX512-BF16, which on Sapphire Rapids is slower than float32.
+
+    >>> amx_idle_here('gpu')
+    False
+    """
+    if device != "native" or device != cpu_class():
+        return False
+    features = cpu_features()
+    return features.amx_bf16 and not features.amx_in_effect
+
+
 _WHY_FLOAT32 = {
     "float16": "float16 is computed on GPUs only: MXNet has no float16 GEMM or convolution "
                "CPU kernel",
@@ -159,11 +180,18 @@ def plan(requested, lists, device):
         reason = _WHY_FLOAT32.get(device, "")
         if requested == dtypes.AUTO and device not in NATIVE_CLASSES:
             fp32_ops |= low
+        elif requested == dtypes.AUTO and amx_idle_here(device):
+            fp32_ops |= low
+            reason = WHY_AMX_OFF
     compute = lists.target if low - fp32_ops else "float32"
     if compute != "float32" and device != "emulated":
         reason = ""
+    fp32_when = {}
+    if device != GPU and compute != "float32":
+        fp32_when = {op: conds for op, conds in lists.fp32_when(device).items()
+                     if op not in fp32_ops}
     return DevicePlan(requested=requested, target=lists.target, device=device, compute=compute,
-                      fp32_ops=fp32_ops, reason=reason)
+                      fp32_ops=fp32_ops, reason=reason, fp32_when=fp32_when)
 
 
 def precision_plan(target_dtype="auto", ctx=None):
@@ -183,7 +211,8 @@ def precision_plan(target_dtype="auto", ctx=None):
 
 
 def cpu_notice(device_plan):
-    """The warning a bfloat16 plan on this CPU deserves, or '' (native/AMX, GPU, 'auto').
+    """The warning a bfloat16 plan on this CPU deserves, or '' (GPU, 'auto', native without
+    AMX hardware).
 
     Every speed claim is the one true for the class it names.
 
@@ -206,6 +235,20 @@ def cpu_notice(device_plan):
                 "bfloat16 slowly on such a CPU). AMP stays on (the loss scaler still skips "
                 "non-finite steps). target_dtype='auto' picks float32 here without this warning."
                 % (": " + why if why else "", op_summary(p.fp32_ops)))
+    if p.device == "native" and amx_idle_here(p.device):
+        return ("mxamp: bfloat16 runs WITHOUT AMX in this process (%s): oneDNN uses "
+                "AVX512-BF16, which measured 0.68-0.90x float32's speed on Sapphire Rapids. Set "
+                "MXAMP_AMX=1 before importing mxamp to use AMX (1.75-2.6x float32 on GEMM-heavy "
+                "models; mxamp keeps the 1x1 convolutions that corrupt the heap under oneDNN "
+                "2.4's AMX in float32), or use target_dtype='auto', which computes in float32 "
+                "here." % (cpu_features().reason or cpu_features().bf16_reason))
+    if p.device == "amx":
+        features = cpu_features()
+        return ("mxamp: bfloat16 on AMX tiles (in effect: %s). oneDNN 2.4's AMX support is "
+                "initial: 1x1 convolutions of the shapes that corrupt the heap stay float32 "
+                "(python -m mxamp.lists --explain Convolution), and BatchNorm backward and "
+                "depthwise convolutions run slow kernels (MobileNet training measured 15x slower "
+                "than float32): compare with float32 on your model." % (features.amx_check or "unchecked"))
     if p.device == "emulated":
         return ("mxamp: this CPU emulates bfloat16 (CPU class 'emulated'%s): bfloat16 runs "
                 "correctly but SLOWER than float32 here (2-5x for GEMMs and convolutions, "

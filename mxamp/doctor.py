@@ -135,7 +135,9 @@ def collect(timing=True, probe=True, seconds=0.5):
                 "vector_flags": sorted(f for f in flags if f.startswith(("avx", "amx"))),
                 "DNNL_MAX_CPU_ISA": os.environ.get("DNNL_MAX_CPU_ISA"),
                 "bf16_class": features.bf16_class, "bf16_reason": features.bf16_reason,
-                "decided_ms": features.decided_ms, "amx_enabled": features.amx_enabled},
+                "decided_ms": features.decided_ms, "amx_enabled": features.amx_enabled,
+                "amx_in_effect": features.amx_in_effect, "amx_check": features.amx_check,
+                "amx_reason": features.reason},
         "plans": {}, "onednn": None, "timing": {}, "consistent": None,
     }
     places = [("cpu", mx.cpu())] + ([("gpu", mx.gpu(0))] if facts["build"]["gpus"] else [])
@@ -163,6 +165,15 @@ def collect(timing=True, probe=True, seconds=0.5):
     return facts
 
 
+def _amx_line(c):
+    """Whether AMX computes this process's bfloat16, and how that is known."""
+    if c.get("amx_in_effect"):
+        return "in effect (%s)" % c["amx_check"]
+    if c.get("amx_enabled") or c.get("amx_check"):
+        return "asked for but NOT in effect (%s)" % (c["amx_check"] or "unchecked")
+    return "not in use (%s)" % (c.get("amx_reason") or "not asked for")
+
+
 def format_report(facts):
     """The facts as the text the command prints.
 
@@ -178,7 +189,8 @@ def format_report(facts):
              "  vector flags: %s" % (" ".join(c["vector_flags"]) or "none of avx*/amx*"),
              "  DNNL_MAX_CPU_ISA: %s" % (c["DNNL_MAX_CPU_ISA"] or "not set"),
              "  bfloat16 class: %s (%s); decided in %.1f ms" % (
-                 c["bf16_class"], c["bf16_reason"], c["decided_ms"])]
+                 c["bf16_class"], c["bf16_reason"], c["decided_ms"]),
+             "  AMX: %s" % _amx_line(c)]
     if facts["onednn"]:
         o = facts["onednn"]
         lines.append("  oneDNN reports: %s" % o["isa"])

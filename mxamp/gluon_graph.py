@@ -10,8 +10,11 @@
 import mxnet as mx
 from mxnet.gluon import SymbolBlock
 
+from mxnet.gluon import HybridBlock
+
 from .errors import AmpArgumentError
-from .mxnet_private import BlockView, ParamView
+from .mxnet_private import BLOCK_CALL_METHOD, BlockView, ParamView
+from .state import STATE
 
 
 class ConvertedBlock(SymbolBlock):
@@ -89,3 +92,91 @@ def block_context(block):
         except RuntimeError:  # not initialized yet
             continue
     return mx.cpu()
+
+
+def symbol_data_shape(sym, known=None):
+    """The output shape of ``sym`` as far as MXNet can infer it, or None.
+
+    Shapes come from the parameters' declared shapes and from the inputs of the hybridized
+    block whose graph is being built (``STATE`` records them for that call).
+
+    >>> import mxnet as mx
+    >>> symbol_data_shape(mx.sym.var('x', shape=(2, 3)) * 2)
+    (2, 3)
+    """
+    if known is None:
+        known = getattr(STATE.thread_local(), "graph_input_shapes", None) or {}
+    try:
+        if known:
+            names = set(sym.list_arguments())
+            known = {k: v for k, v in known.items() if k in names}
+        _, out, _ = sym.infer_shape_partial(**known)
+    except Exception:  # noqa: BLE001 - an uninferable graph only means "shape unknown"
+        return None
+    if not out or not out[0] or not all(out[0]):
+        return None
+    return tuple(out[0])
+
+
+_GENERATION_ATTR = "_mxamp_generation"
+
+
+def hook_block_graphs():
+    """Make a hybridized block rebuild a graph built under another AMP generation.
+
+    Installed at the first ``init`` (or ``cast_model``) and kept for the life of the process
+    (``reset`` changes the generation too, so graphs built with casts are rebuilt without them).
+    The check is one attribute comparison per call of a hybridized block. While a graph is
+    built, the block's input shapes are known to :func:`symbol_data_shape`.
+
+    >>> hook_block_graphs()
+    """
+    original = getattr(HybridBlock, BLOCK_CALL_METHOD)
+    if getattr(original, "__mxamp_original__", None) is not None:
+        return
+
+    def call_cached_op(block, *args):
+        generation = STATE.generation
+        view = None
+        if block.__dict__.get(_GENERATION_ATTR) != generation:
+            view = BlockView(block)
+            if view.cached_op is not None:
+                view.clear_cached_op()
+            block.__dict__[_GENERATION_ATTR] = generation
+        if (view or BlockView(block)).cached_op is None:
+            # the graph is built in this call: conditions on shapes (mxamp.lists.conditions)
+            # infer them from the block's real inputs, named as Gluon names its input vars
+            local = STATE.thread_local()
+            outer = getattr(local, "graph_input_shapes", None)
+            local.graph_input_shapes = graph_input_shapes(args)
+            try:
+                return original(block, *args)
+            finally:
+                local.graph_input_shapes = outer
+        return original(block, *args)
+
+    call_cached_op.__mxamp_original__ = original
+    call_cached_op.__name__ = original.__name__
+    call_cached_op.__doc__ = original.__doc__
+    setattr(HybridBlock, BLOCK_CALL_METHOD, call_cached_op)
+
+
+def graph_input_shapes(args):
+    """{'data': shape} or {'data0': ..., 'data1': ...}: Gluon's names for a block's array inputs.
+
+    >>> graph_input_shapes((mx.nd.ones((2, 3)),))
+    {'data': (2, 3)}
+    """
+    flat = []
+
+    def walk(value):
+        if isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+        elif value is not None:
+            flat.append(value)
+    walk(args)
+    shapes = [getattr(a, "shape", None) for a in flat]
+    if len(shapes) == 1:
+        return {"data": shapes[0]} if shapes[0] else {}
+    return {"data%d" % i: s for i, s in enumerate(shapes) if s}

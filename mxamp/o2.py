@@ -14,6 +14,9 @@ normalisation layers and the layers the user excludes, which keep float32 parame
   at the model's input; integer inputs pass unchanged (give token ids as int32: float ids
   above 256 do not survive a bfloat16 cast).
 * The model's outputs come back in float32 (``output_dtype=None`` keeps the target dtype).
+* Layers whose shapes a CPU class must not run in low precision (on ``amx``, the 1x1
+  convolutions that corrupt the heap: :mod:`mxamp.lists.bfloat16`) compute in float32 on
+  those calls.
 
 What runs depends on the device (:mod:`mxamp.devices`). On a CPU without bfloat16 kernels
 (class 'none'), ``cast_model(net, 'bfloat16')`` keeps bfloat16 *storage* with float32 *compute*:
@@ -45,9 +48,9 @@ import mxnet as mx
 from mxnet.gluon import Block, HybridBlock, nn
 
 from . import devices, dtypes
-from .casting import cast
+from .casting import cast, fix_astype
 from .errors import AmpArgumentError
-from .gluon_graph import block_context
+from .gluon_graph import block_context, hook_block_graphs, symbol_data_shape
 from .opfuncs import lists_for
 from .mxnet_private import BlockView, ParamView
 from .state import STATE
@@ -128,6 +131,31 @@ def _fp32_compute(block):
         return inner(F, *_cast_nested(args, "float32"), **params)
     block.hybrid_forward = hybrid_forward
     return True
+
+
+def _layer_conditions(block, fp32_when):
+    """The conditions under which this CPU class computes ``block``'s op in float32 (a Gluon
+    layer names its op in ``_op_name`` and its parameters in ``_kwargs``)."""
+    op = getattr(block, "_op_name", None)
+    return fp32_when.get(op, ()) if op else ()
+
+
+def _fp32_where(block, conditions, target):
+    """Make ``block`` compute in float32 between casts on the calls where one of
+    ``conditions`` holds (its shapes are seen at call time, or inferred while a hybridized
+    graph is built; unknown shapes count as the condition says)."""
+    inner = block.hybrid_forward
+    attrs = dict(getattr(block, "_kwargs", {}))
+
+    @functools.wraps(inner)
+    def hybrid_forward(F, x, *args, **params):
+        shape = x.shape if isinstance(x, mx.nd.NDArray) else symbol_data_shape(x)
+        if not any(c.holds(attrs, shape) for c in conditions):
+            return inner(F, x, *args, **params)
+        params = {k: cast(v, "float32") for k, v in params.items()}
+        out = inner(F, *_cast_nested((x,) + args, "float32"), **params)
+        return _cast_nested(out, target)
+    block.hybrid_forward = hybrid_forward
 
 
 def _model_boundary(block, target, output_dtype):
@@ -265,9 +293,14 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
             _cast_parameter(param, target)
         if float_params and compute == "float32" and not _fp32_compute(lp_block):
             opaque.append(lp_block.name)
+        conditions = _layer_conditions(lp_block, plan.fp32_when)
+        if conditions and compute != "float32" and isinstance(lp_block, HybridBlock):
+            _fp32_where(lp_block, conditions, compute)
     for island in islands:
         _fp32_island(island, compute)
     _model_boundary(block, compute, output_dtype)
+    hook_block_graphs()  # shapes for _fp32_where while hybridized graphs are built
+    fix_astype()  # outputs kept in bfloat16 (output_dtype=None) convert with astype
     block.apply(lambda b: BlockView(b).clear_cached_op() if isinstance(b, HybridBlock)
                 else None)
     block._mxamp_o2_target = target

@@ -25,6 +25,8 @@ from mxnet.gluon import HybridBlock
 
 from . import devices, dtypes, mxnet_private as mxp, opfuncs, wrappers
 from .errors import check_condition_list, check_name_list
+from .casting import fix_astype
+from .gluon_graph import hook_block_graphs
 from .lists import get_op_lists
 from .loss_outputs import wrap_loss_output
 from .state import STATE
@@ -50,7 +52,8 @@ def _policies(lists, target, cpu_plan, symbol_plan):
         found = cache[op_name] = wrappers.Policy(
             category=category, target=target, op_name=op_name,
             fp32_params=tuple(lists.fp32_params.get(op_name, ())),
-            condition=lists.conditional_fp32.get(op_name, ()), fp32_on_cpu=fp32_on_cpu,
+            conditions=lists.conditions(op_name), base=lists.base_category(op_name),
+            cpu_conditions=cpu_plan.fp32_when.get(op_name, ()), fp32_on_cpu=fp32_on_cpu,
             # float16 GEMMs warn once each when they fall back to float32 on a CPU
             warn_on_cpu=fp32_on_cpu and target == "float16" and category == "low_precision",
             # nothing AMP builds can be low precision: a Symbol of unknown dtype is float32
@@ -114,7 +117,8 @@ def _apply(lists):
             setattr(module, attr, wrapped)
             replaced.append((module, attr, func, wrapped))
     _hook_record_scopes()
-    _hook_block_graphs()
+    hook_block_graphs()
+    fix_astype()  # bfloat16 oneDNN outputs: astype through amp_cast
 
 
 def _hook_record_scopes():
@@ -139,34 +143,6 @@ def _hook_record_scopes():
     for name, new, old in (("__enter__", __enter__, enter), ("__exit__", __exit__, exit_)):
         setattr(scope, name, new)
         STATE.replaced.append((scope, name, old, new))
-
-
-_GENERATION_ATTR = "_mxamp_generation"
-
-
-def _hook_block_graphs():
-    """Make a hybridized block rebuild a graph built under another AMP generation.
-
-    Installed at the first ``init`` and kept for the life of the process (``reset`` changes
-    the generation too, so graphs built with casts are rebuilt without them). The check is one
-    attribute comparison per call of a hybridized block."""
-    original = getattr(HybridBlock, mxp.BLOCK_CALL_METHOD)
-    if getattr(original, "__mxamp_original__", None) is not None:
-        return
-
-    def call_cached_op(block, *args):
-        generation = STATE.generation
-        if block.__dict__.get(_GENERATION_ATTR) != generation:
-            view = mxp.BlockView(block)
-            if view.cached_op is not None:
-                view.clear_cached_op()
-            block.__dict__[_GENERATION_ATTR] = generation
-        return original(block, *args)
-
-    call_cached_op.__mxamp_original__ = original
-    call_cached_op.__name__ = original.__name__
-    call_cached_op.__doc__ = original.__doc__
-    setattr(HybridBlock, mxp.BLOCK_CALL_METHOD, call_cached_op)
 
 
 def init(target_dtype="float16", target_precision_ops=None, conditional_fp32_ops=None,
@@ -332,6 +308,34 @@ def patch_state():
         "tracked_symbols": len(STATE.symbol_dtypes),
         "generation": STATE.generation,
     }
+
+
+def precision_of(op_name, data_shape=None, on_cpu=True, **params):
+    """In which precision ``amp.init``'s patch runs one call of ``op_name``, and why.
+
+    Returns ``(decision, why)``: ``decision`` is ``'bfloat16'``/``'float16'``/``'float32'``
+    (inputs cast to it), ``'widest'`` (inputs cast to their widest float type) or ``'input'``
+    (the op runs in its input's dtype). ``data_shape`` is the shape of the data input (for
+    conditions on shapes), ``params`` the call's parameters, ``on_cpu`` where it runs. Nothing
+    is run. Raises RuntimeError before :func:`init`.
+
+    >>> from mxamp import amp
+    >>> amp.init('bfloat16', conditional_fp32_ops=[('Convolution', 'kernel', ['(7, 7)'])])
+    >>> amp.precision_of('Convolution', kernel=(7, 7), on_cpu=False)[0]
+    'float32'
+    >>> amp.precision_of('Convolution', kernel=(3, 3), on_cpu=False)[0]
+    'bfloat16'
+    >>> amp.reset()
+    """
+    if not STATE.patched:
+        raise RuntimeError("amp.precision_of needs amp.init(...) first: it reads the patch")
+    policy = _policies(STATE.lists, STATE.target, STATE.cpu_plan, STATE.symbol_plan)(op_name)
+    if policy is None:
+        return "input", "%s is in no %s op list: MXNet runs it unchanged" % (op_name, STATE.target)
+    shape = tuple(data_shape) if data_shape is not None else None
+    mode, to = wrappers.decide(policy, params, lambda: on_cpu, lambda: shape)
+    decision = {"to": to, "widest": "widest", "none": "input"}[mode]
+    return decision, wrappers.explain(policy, params, on_cpu, shape)
 
 
 @contextlib.contextmanager

@@ -8,7 +8,11 @@ before calling the original:
 * ``fp32``: low-precision inputs to float32;
 * ``widest``: every float input to the widest float type among them;
 * ``neutral``: nothing (on Symbols the output's dtype is still tracked);
-* ``conditional_fp32``: like ``fp32`` when the parameter has one of the listed values.
+* ``conditional_fp32``: like ``fp32`` where one of its conditions holds (a parameter value,
+  or a shape: :mod:`mxamp.lists.conditions`), its own category (``base``) elsewhere.
+
+A CPU class may add conditions of its own (``cpu_conditions``: shapes whose bfloat16 kernel
+corrupts memory there): where one holds on a CPU the op computes in float32.
 
 Ops the CPU's :class:`~mxamp.devices.DevicePlan` computes in float32 (float16 GEMMs on any CPU,
 oneDNN ops on a CPU without bfloat16 kernels) behave as ``fp32`` on CPU arrays, and in Symbols
@@ -32,6 +36,7 @@ from . import dtypes
 from .casting import NDArray, Symbol, array_dtype
 from .mxnet_private import rebuild_symbol
 from .opfuncs import gpu_available
+from .gluon_graph import symbol_data_shape
 from .state import STATE
 
 _FLOATS = ("float16", "bfloat16", "float32")
@@ -60,10 +65,12 @@ class Policy(NamedTuple):
     target: str                      # 'float16' or 'bfloat16'
     op_name: str = ""
     fp32_params: tuple = ()          # input names kept float32 by low-precision ops
-    condition: tuple = ()            # (parameter, values) for conditional_fp32
+    conditions: tuple = ()           # mxamp.lists.conditions.Condition s of conditional_fp32
     fp32_on_cpu: bool = False        # computed in float32 on this CPU (no kernel / no gain)
     warn_on_cpu: bool = False        # warn once when it falls back to float32 on a CPU
     unknown_is_fp32: bool = False    # Symbols of unknown dtype are float32 (nothing is low)
+    base: str = "neutral"            # a conditional op's category where no condition holds
+    cpu_conditions: tuple = ()       # float32 on this CPU's class where one of these holds
 
 
 def _warn_cpu_fallback(op_name):
@@ -101,12 +108,18 @@ def _positional_names(func):
     return code.co_varnames[:code.co_argcount]
 
 
-def _condition_holds(policy, kwargs):
-    param, values = policy.condition
-    return param in kwargs and str(kwargs[param]) in values
+def _any_holds(conditions, kwargs, data_shape):
+    """True when one of ``conditions`` holds; ``data_shape()`` is asked only if one needs it."""
+    shape = None
+    for cond in conditions:
+        if shape is None and cond.needs_shapes():
+            shape = data_shape() or ()
+        if cond.holds(kwargs, shape):
+            return True
+    return False
 
 
-def _plan(policy, kwargs, on_cpu):
+def _plan(policy, kwargs, on_cpu, data_shape=lambda: None):
     """Decide ('to', dtype) / ('widest', None) / ('none', None) for one call."""
     cat = policy.category
     if policy.fp32_on_cpu and on_cpu():
@@ -118,8 +131,13 @@ def _plan(policy, kwargs, on_cpu):
         # amp.disabled(): nothing is put into low precision. Dtype-neutral ops (optimizer
         # updates writing `out=`, explicit casts...) are left exactly as without AMP.
         return ("none", None) if cat == "neutral" else ("to", "float32")
+    if policy.cpu_conditions and on_cpu() and _any_holds(policy.cpu_conditions, kwargs,
+                                                         data_shape):
+        # a shape this CPU class must not (or should not) run in low precision
+        return "to", "float32"
     if cat == "conditional_fp32":
-        cat = "fp32" if _condition_holds(policy, kwargs) else "neutral"
+        # float32 where a condition holds; the op's own list elsewhere
+        cat = "fp32" if _any_holds(policy.conditions, kwargs, data_shape) else policy.base
     if cat == "low_precision":
         return "to", policy.target
     if cat == "fp32":
@@ -127,6 +145,36 @@ def _plan(policy, kwargs, on_cpu):
     if cat == "widest":
         return "widest", None
     return "none", None
+
+
+#: The decision of one call: ('to', dtype) / ('widest', None) / ('none', None).
+decide = _plan
+
+
+def explain(policy, kwargs, on_cpu, data_shape):
+    """Why :func:`decide` decided what it did for one call, in words.
+
+    >>> explain(Policy('fp32', 'bfloat16', 'softmax'), {}, True, None)
+    "softmax is in the 'fp32' list for bfloat16"
+    """
+    where = "on this CPU" if on_cpu else "on a GPU"
+    if policy.fp32_on_cpu and on_cpu:
+        return "%s computes in float32 %s (no %s kernel or no gain here)" % (
+            policy.op_name, where, policy.target)
+    if not amp_enabled():
+        return "inside amp.disabled()"
+    if policy.cpu_conditions and on_cpu:
+        for cond in policy.cpu_conditions:
+            if cond.holds(kwargs, data_shape):
+                return "%s: %s holds %s: %s" % (policy.op_name, cond.describe(), where,
+                                                cond.reason)
+    if policy.category == "conditional_fp32":
+        for cond in policy.conditions:
+            if cond.holds(kwargs, data_shape):
+                return "%s: its float32 condition %s holds" % (policy.op_name, cond.describe())
+        return "%s: no float32 condition holds, so its own list decides (%r)" % (
+            policy.op_name, policy.base)
+    return "%s is in the %r list for %s" % (policy.op_name, policy.category, policy.target)
 
 
 _NO_SKIP = frozenset()
@@ -154,7 +202,8 @@ def _ndarray_wrapper(func, policy):
             return func(*args, **kwargs)
         args = list(args)
         first = _get(args, kwargs, slots[0])
-        mode, to = _plan(policy, kwargs, lambda: dtypes.is_cpu(first.context))
+        mode, to = _plan(policy, kwargs, lambda: dtypes.is_cpu(first.context),
+                         lambda: first.shape)
         if mode == "to":
             for slot in slots:
                 if slot in skip and to != "float32":
@@ -205,7 +254,9 @@ def _symbol_wrapper(func, policy):
     def wrapped(*args, **kwargs):
         slots = _tensor_slots(args, kwargs, Symbol)
         args = list(args)
-        mode, to = _plan(policy, kwargs, lambda: not gpu_available())
+        mode, to = _plan(policy, kwargs, lambda: not gpu_available(),
+                         lambda: symbol_data_shape(_get(args, kwargs, slots[0]))
+                         if slots else None)
         in_dtypes = [table.dtype_of(_get(args, kwargs, s)) or unknown for s in slots]
         if mode == "to":
             for slot, cur in zip(slots, in_dtypes):

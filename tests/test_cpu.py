@@ -52,11 +52,13 @@ def _run(code, **env_changes):
 
     Returns the dict the child printed after ``RESULT ``, oneDNN's verbose lines and stderr.
     """
-    env = {k: v for k, v in os.environ.items()
-           if k not in (cpu.DISABLE_ENV,) + cpu.ISA_ENV_NAMES}
+    # The class under test (CI's DNNL_MAX_CPU_ISA cap or MXAMP_AMX opt-in) reaches the child;
+    # a test that needs its own setting passes it in env_changes ("" removes a variable).
+    env = {k: v for k, v in os.environ.items() if k not in (cpu.DISABLE_ENV, "MKLDNN_MAX_CPU_ISA")}
     env.update(DNNL_VERBOSE="1", OMP_NUM_THREADS="1",
                PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""))
     env.update(env_changes)
+    env = {k: v for k, v in env.items() if v != ""}
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, "child failed (rc %d):\n%s" % (proc.returncode, proc.stderr[-3000:])
@@ -105,32 +107,62 @@ def _assert_bf16_matches_class(result, verbose):
         bf16_class, isa)
 
 
-@pytest.mark.parametrize("import_mxnet_first", [False, True], ids=["mxamp-first", "mxnet-first"])
-def test_default_import_enables_amx_where_the_machine_allows(import_mxnet_first):
-    prelude = "import mxnet as mx\n(mx.nd.ones((2, 2)) + 1).wait_to_read()\n" \
-        if import_mxnet_first else ""
-    result, verbose, _ = _run(prelude + "import mxamp\n" + BF16_FC_PROBE)
-    features, impls = result["features"], _bf16_inner_product_impls(verbose)
+def _outer_cap():
+    return os.environ.get("DNNL_MAX_CPU_ISA")
+
+
+def _amx_opted_in():
+    return os.environ.get(cpu.ENABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+PRELUDES = {
+    "mxamp-first": "",
+    # an elementwise op is MXNet's own code: oneDNN has not fixed its ISA yet
+    "mxnet-first": "import mxnet as mx\n(mx.nd.ones((2, 2)) + 1).wait_to_read()\n",
+    # a FullyConnected is oneDNN's: its ISA is fixed before mxamp can ask for AMX
+    "onednn-op-first": "import mxnet as mx\nmx.nd.FullyConnected(mx.nd.ones((1, 4)), "
+                       "mx.nd.ones((4, 4)), no_bias=True, num_hidden=4).wait_to_read()\n",
+}
+
+
+@pytest.mark.parametrize("opt_in", [False, True], ids=["default", "MXAMP_AMX=1"])
+@pytest.mark.parametrize("order", list(PRELUDES))
+def test_amx_is_opt_in_and_reported_as_it_is(order, opt_in):
+    """AMX is off unless MXAMP_AMX=1; where it is asked for, ``amx_in_effect`` says whether
+    oneDNN really uses it (its own ISA report is the judge), and a late request warns."""
+    env = {cpu.ENABLE_ENV: "1" if opt_in else ""}
+    code = "import warnings\nwarnings.simplefilter('always')\n" + PRELUDES[order] + \
+        "import mxamp\n" + BF16_FC_PROBE
+    result, verbose, stderr = _run(code, **env)
+    features, isa = result["features"], _isa_line(verbose)
     _assert_bf16_matches_class(result, verbose)
-    assert result["env_isa"] is None, (
-        "DNNL_MAX_CPU_ISA=%s stayed in os.environ: child processes would inherit it without the "
-        "AMX grant and die of SIGILL" % result["env_isa"])
-    assert features["mxnet_imported_first"] == import_mxnet_first, features
+    assert result["env_isa"] == _outer_cap(), (
+        "mxamp left DNNL_MAX_CPU_ISA=%s in os.environ: child processes would inherit it without "
+        "the AMX grant and die of SIGILL" % result["env_isa"])
+    assert features["mxnet_imported_first"] == (order != "mxamp-first"), features
     assert features["native_bf16"] == bool({"avx512_bf16", "amx_bf16"} & cpu.read_cpu_flags()), \
         "native_bf16 must follow the CPU flags: %s" % features
-    if _machine_can_use_amx():
-        print("machine has AMX: checking oneDNN uses it")
-        assert features["amx_enabled"] and features["amx_granted"], features
-        assert features["onednn_max_isa"] == cpu.AMX_ISA, features
-        assert "AMX" in _isa_line(verbose), _isa_line(verbose)
-        assert all("amx" in impl for impl in impls), "bf16 FC did not run on AMX: %s" % impls
-    else:
-        print("machine has no usable AMX (%s): checking nothing changed" % features["reason"])
-        assert not features["amx_enabled"], features
+    onednn_uses_amx = "AMX" in isa
+    assert features["amx_in_effect"] == onednn_uses_amx, (
+        "mxamp reports amx_in_effect=%s (%s) but oneDNN reports %s; on an AMX CPU this checks "
+        "the assumption that a bf16 GEMM >= %.1fx float32 means AMX (mxamp/amx.py)"
+        % (features["amx_in_effect"], features["amx_check"], isa, cpu.AMX_MIN_SPEEDUP))
+    can_amx = _machine_can_use_amx() and _outer_cap() is None
+    print("order %s, opt-in %s, machine can use AMX: %s; %s" % (order, opt_in, can_amx, isa))
+    if not (opt_in and can_amx):
+        assert not features["amx_enabled"], "AMX must stay off without MXAMP_AMX=1: %s" % features
         assert features["reason"], "no reason given for leaving AMX off: %s" % features
-        assert features["onednn_max_isa"] is None, features
-        assert "AMX" not in _isa_line(verbose), _isa_line(verbose)
-        assert not any("amx" in impl for impl in impls), impls
+        assert not onednn_uses_amx, isa
+        if "amx_bf16" in cpu.read_cpu_flags() and not _outer_cap():
+            assert "MXAMP_AMX=1" in features["reason"], "the reason must name the opt-in"
+        return
+    assert features["amx_enabled"] and features["amx_granted"], features
+    if order == "onednn-op-first":
+        assert not onednn_uses_amx, "oneDNN fixed its ISA at the first FullyConnected: " + isa
+        assert features["bf16_class"] == "native", features
+        assert "not in effect" in stderr and "Import mxamp before" in stderr, stderr[-2000:]
+    else:
+        assert onednn_uses_amx and features["bf16_class"] == "amx", (features, isa)
 
 
 def test_opt_out_variable_leaves_onednn_alone():

@@ -24,7 +24,9 @@ pytestmark = pytest.mark.cpu_class
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BF16, F32 = dtypes.BFLOAT16, np.dtype(np.float32)
-NATIVE = CPU_CLASS in ("native", "amx")
+#: 'auto' computes in bfloat16 here: a native class, and not an AMX CPU with AMX off (where
+#: bfloat16 on AVX512-BF16 measured slower than float32).
+NATIVE = CPU_CLASS in ("native", "amx") and not devices.amx_idle_here(CPU_CLASS)
 
 
 # ------------------------------------------------------------------ the plan, any machine
@@ -36,7 +38,8 @@ NATIVE = CPU_CLASS in ("native", "amx")
     ("auto", "amx", "bfloat16"), ("auto", "native", "bfloat16"),
     ("auto", "emulated", "float32"), ("auto", "none", "float32"),
 ])
-def test_plan_table(requested, device, compute):
+def test_plan_table(requested, device, compute, monkeypatch):
+    monkeypatch.setattr(devices, "amx_idle_here", lambda device: False)  # any machine
     lists = get_op_lists(devices.target_for(requested, device))
     plan = devices.plan(requested, lists, device)
     assert plan.compute == compute, plan.describe()
@@ -63,9 +66,30 @@ def test_speed_claims_are_true_for_their_class():
     emulated = devices.cpu_notice(devices.plan("bfloat16", lists, "emulated"))
     assert "nothing is faster than float32" in none and "SLOWER" not in none, none
     assert "SLOWER than float32" in emulated and "no bfloat16 kernels" not in emulated, emulated
-    for cls in ("native", "amx"):
-        assert devices.cpu_notice(devices.plan("bfloat16", lists, cls)) == "", cls
+    native = devices.cpu_notice(devices.plan("bfloat16", lists, "native"))
+    assert native == "" or devices.amx_idle_here("native"), "native computes bf16: %s" % native
+    on_amx = devices.cpu_notice(devices.plan("bfloat16", lists, "amx"))
+    assert "AMX tiles (in effect" in on_amx and "BatchNorm backward" in on_amx, on_amx
     assert devices.cpu_notice(devices.plan("auto", lists, "none")) == "", "'auto' never warns"
+
+
+def test_amx_cpu_with_amx_off_is_said_and_auto_keeps_float32(monkeypatch):
+    """A Sapphire Rapids with AMX off (the default) is class 'native', where bfloat16 measured
+    0.68-0.90x float32: 'auto' computes in float32 and a bfloat16 request warns with the fix."""
+    from dataclasses import replace
+    from mxamp import cpu
+    idle = replace(cpu.cpu_features(), bf16_class="native", amx_bf16=True, amx_in_effect=False,
+                   reason="off by default")
+    monkeypatch.setattr(cpu, "_CLASSIFIED", idle)
+    lists = get_op_lists("bfloat16")
+    assert devices.amx_idle_here("native")
+    auto = devices.plan("auto", lists, "native")
+    assert auto.compute == "float32" and "MXAMP_AMX=1" in auto.reason, auto.describe()
+    text = devices.cpu_notice(devices.plan("bfloat16", lists, "native"))
+    assert "WITHOUT AMX" in text and "MXAMP_AMX=1" in text and "0.68-0.90x" in text, text
+    monkeypatch.setattr(cpu, "_CLASSIFIED", replace(idle, amx_bf16=False))
+    assert devices.plan("auto", lists, "native").compute == "bfloat16", "Zen 5-like native"
+    assert devices.cpu_notice(devices.plan("bfloat16", lists, "native")) == ""
 
 
 def test_precision_plan_here():
@@ -340,9 +364,40 @@ def _assert_identical_where_nothing_is_low(base, runs, what):
         else:
             assert differ, "%s: amp.init(%r) %s computes in bfloat16/float16, yet nothing " \
                 "changed" % (what, mode, where())
-            worst = max(float(np.abs(base[k] - arrays[k]).max() / (np.abs(base[k]).max() + 1e-12))
-                        for k in differ)
-            assert worst < 0.1, "%s: %r drifted %.3f from float32" % (what, mode, worst)
+            _assert_drift_is_rounding(base, arrays, "%s: %r" % (what, mode))
+
+
+#: Arrays whose float32 RMS is below this carry no signal (a convolution bias before BatchNorm
+#: has a true gradient of zero and stays ~1e-9): they are judged by absolute drift instead.
+NEAR_ZERO_RMS = 1e-4
+#: Norm-relative drift allowed per array, and for the model as a whole, after a few steps in
+#: bfloat16 (8 bits of mantissa: ~0.4% per rounding). Chosen, not yet measured on every class:
+#: bfloat16 hardware has not run this test with this metric; the max-relative metric it replaces
+#: read 3523 on Sapphire Rapids because of the near-zero biases above.
+ARRAY_DRIFT, MODEL_DRIFT, ABSOLUTE_DRIFT = 0.1, 0.05, 1e-3
+
+
+def _assert_drift_is_rounding(base, arrays, what):
+    """bfloat16 moved the model by rounding-sized amounts: norm-relative per array and in all."""
+    per_array, near_zero = {}, {}
+    for k in base:
+        b, a = base[k].astype(np.float64), arrays[k].astype(np.float64)
+        rms = np.sqrt(np.mean(b * b)) if b.size else 0.0
+        if rms < NEAR_ZERO_RMS:
+            near_zero[k] = float(np.sqrt(np.mean((a - b) ** 2))) if b.size else 0.0
+        else:
+            per_array[k] = float(np.linalg.norm(a - b) / np.linalg.norm(b))
+    total = np.sqrt(sum(np.sum((arrays[k].astype(np.float64) - base[k]) ** 2) for k in base))
+    total /= np.sqrt(sum(np.sum(base[k].astype(np.float64) ** 2) for k in base))
+    worst = max(per_array, key=per_array.get)
+    print("%s: model drift %.4f, worst array %s %.4f (norm-relative)" % (
+        what, total, worst, per_array[worst]))
+    assert per_array[worst] < ARRAY_DRIFT, "%s: %s drifted %.3f (norm-relative) from float32" % (
+        what, worst, per_array[worst])
+    assert total < MODEL_DRIFT, "%s: the model drifted %.3f (norm-relative) from float32" % (
+        what, total)
+    far = {k: v for k, v in near_zero.items() if v > ABSOLUTE_DRIFT}
+    assert not far, "%s: arrays that stay ~0 in float32 moved by an RMS of %s" % (what, far)
 
 
 def test_training_is_bit_identical_to_float32_where_nothing_is_low(tmp_path):

@@ -61,8 +61,12 @@ def test_explain_convolution(capsys):
     assert info["float16"]["CPU kernel"].startswith("missing (NO_CPU_KERNEL")
     bf16 = info["bfloat16"]
     assert bf16["cpu class none"].startswith("no kernel, computed in float32 (oneDNN op")
-    for cpu_class in BF16_CLASSES[1:]:
+    for cpu_class in ("emulated", "native"):
         assert bf16["cpu class %s" % cpu_class] == "kernel present"
+    amx = bf16["cpu class amx"]
+    assert amx.startswith("kernel present; float32 where kernel=1 and stride=1"), amx
+    assert "in_channels a multiple of 16" in amx and "spatial_size in 16..64" in amx, amx
+    assert "corrupt the heap" in amx, "the AMX guard says why: %s" % amx
     assert set(k for k in bf16 if k.startswith("cpu class")) == {
         "cpu class %s" % c for c in BF16_CLASSES}
 

@@ -107,7 +107,9 @@ def test_leaf_modules_import_nothing_of_mxamp_but_their_data():
     assert graph["mxamp.scaler"] <= {"mxamp.errors"}, \
         "the loss scaler is a pure state machine: %s" % graph["mxamp.scaler"]
     assert graph["mxamp.errors"] == set() and graph["mxamp.mxnet_private"] == set()
-    assert graph["mxamp.cpu"] == set(), "CPU detection needs nothing of mxamp"
+    assert graph["mxamp.cpu"] <= {"mxamp.amx"}, "CPU detection needs nothing of mxamp but AMX's"
+    assert graph["mxamp.amx"] == set(), "the AMX mechanics need nothing of mxamp"
+    assert graph["mxamp.lists.conditions"] == set(), "conditions are data and pure functions"
 
 
 IMPORT_EACH_ALONE = r"""

@@ -30,6 +30,7 @@ import functools
 from dataclasses import dataclass, field, replace
 
 from ..errors import AmpArgumentError
+from .conditions import Condition, from_reference_entry
 
 CATEGORIES = ("low_precision", "fp32", "widest", "neutral", "conditional_fp32")
 
@@ -56,6 +57,57 @@ class OpLists:
     reasons: dict = field(default_factory=dict, compare=False)
     #: CPU bfloat16 class (mxamp.cpu.BF16_CLASSES) -> ops with no kernel for the target there
     no_kernel_by_cpu_class: dict = field(default_factory=dict)
+    #: conditional op -> the category it has where its condition does not hold ('neutral' if
+    #: absent): a conditional float32 rule leaves the op in its own list elsewhere
+    conditional_base: dict = field(default_factory=dict)
+    #: CPU bfloat16 class -> {op: (Condition, ...)}: where these hold on that class the op runs
+    #: in float32 whatever its category (shapes whose kernel is broken or slow there)
+    fp32_when_by_cpu_class: dict = field(default_factory=dict)
+
+    #: op -> conditions the device a graph is built for adds (set by convert_* per device)
+    device_conditions: dict = field(default_factory=dict)
+
+    def with_device_conditions(self, conditions):
+        """A copy whose :attr:`device_conditions` are ``conditions`` (``{op: (Condition, ...)}``).
+
+        >>> get_op_lists('bfloat16').with_device_conditions({}).device_conditions
+        {}
+        """
+        return replace(self, device_conditions=dict(conditions))
+
+    def base_category(self, op_name):
+        """The category ``op_name`` has where its conditions do not hold (its own category for
+        an unconditional op).
+
+        >>> get_op_lists('bfloat16').with_overrides(
+        ...     conditional_fp32_ops=[('Convolution', 'kernel', ['(9, 9)'])]
+        ...     ).base_category('Convolution')
+        'low_precision'
+        """
+        cat = self.category(op_name)
+        if cat == "conditional_fp32":
+            return self.conditional_base.get(op_name, "neutral")
+        return cat
+
+    def conditions(self, op_name):
+        """The :class:`~mxamp.lists.conditions.Condition` s under which ``op_name`` runs in
+        float32 by its conditional rule (empty for other ops).
+
+        >>> [c.describe() for c in get_op_lists('bfloat16').conditions('Pooling')]
+        ['pool_type=sum|lp']
+        """
+        rule = self.conditional_fp32.get(op_name)
+        if not rule:
+            return ()
+        return (from_reference_entry(rule[0], rule[1], self.reasons.get(op_name, "")),)
+
+    def fp32_when(self, cpu_class):
+        """``{op: conditions}`` under which ops run in float32 on a CPU of ``cpu_class``.
+
+        >>> sorted(get_op_lists('bfloat16').fp32_when('amx'))[:1]
+        ['Convolution']
+        """
+        return self.fp32_when_by_cpu_class.get(cpu_class, {})
 
     def missing_kernels(self, cpu_class):
         """Ops with no kernel for the target on a CPU of ``cpu_class`` (see ``mxamp.cpu``).
@@ -165,13 +217,24 @@ class OpLists:
         if "fp32_ops" in given:
             neutral |= fp32
             fp32 = set(given["fp32_ops"])
+        base = dict(self.conditional_base)
         if conditional is not None:
             neutral |= set(cond)
             cond = conditional
+            replaced = {"low_precision": "target_precision_ops" in given,
+                        "fp32": "fp32_ops" in given}
+            base = {}
+            for op in cond:
+                # where the condition does not hold, the op keeps the category it had
+                # (unless an override replaced that whole list)
+                before = self.base_category(op) or "neutral"
+                base[op] = "neutral" if replaced.get(before) else before
         return replace(self, low_precision=frozenset(low), fp32=frozenset(fp32),
                        widest=frozenset(widest),
                        neutral=frozenset(neutral - low - fp32 - set(cond)),
-                       conditional_fp32=cond)
+                       conditional_fp32=cond,
+                       conditional_base={k: v for k, v in base.items()
+                                         if k in cond and v != "neutral"})
 
     def _with_aliases(self, given, conditional, root):
         """``given``'s lists and ``conditional`` extended to every name of each operator they
@@ -244,6 +307,8 @@ def get_op_lists(target):
         reasons.update({k: v for k, v in getattr(data, table).items() if v})
     reasons.update({k: v[2] for k, v in data.CONDITIONAL_FP32.items() if v[2]})
     by_class = {cls: frozenset(ops) for cls, ops in data.NO_KERNEL_BY_CPU_CLASS.items()}
+    fp32_when = {cls: {op: tuple(Condition(*c) for c in rules) for op, rules in table.items()}
+                 for cls, table in getattr(data, "FP32_WHEN_BY_CPU_CLASS", {}).items()}
     return OpLists(
         target=target,
         low_precision=frozenset(data.LOW_PRECISION),
@@ -256,6 +321,7 @@ def get_op_lists(target):
         no_cpu_kernel=frozenset(data.NO_CPU_KERNEL),
         reasons=reasons,
         no_kernel_by_cpu_class=by_class,
+        fp32_when_by_cpu_class=fp32_when,
     )
 
 

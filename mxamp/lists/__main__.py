@@ -30,6 +30,7 @@ import sys
 from ..cpu import BF16_CLASSES
 from ..dtypes import TARGETS
 from . import bfloat16, common, float16
+from .conditions import Condition
 
 #: Each target's data module (its full tables, and the DIFF_ tables it states itself).
 MODULES = {"float16": float16, "bfloat16": bfloat16}
@@ -93,7 +94,8 @@ def explain(name, out=None, err=None):
     ...
       cpu class none:     no kernel, computed in float32 (oneDNN op: no bfloat16 kernel ...)
       cpu class emulated: kernel present
-    ...
+      cpu class native:   kernel present
+      cpu class amx:      kernel present; float32 where kernel=1 and stride=1 and ...
     0
     """
     out = sys.stdout if out is None else out
@@ -151,6 +153,11 @@ def explain(name, out=None, err=None):
                 missing = _first(module.NO_KERNEL_BY_CPU_CLASS.get(cpu_class, {}), names)
                 state = "kernel present" if missing is None else (
                     "no kernel, computed in float32" + (" (%s)" % missing if missing else ""))
+                rules = _first(getattr(module, "FP32_WHEN_BY_CPU_CLASS", {}).get(cpu_class, {}),
+                               names)
+                for tests, if_unknown, why in rules or ():
+                    state += "; float32 where %s: %s" % (
+                        Condition(tests, if_unknown).describe(), why)
                 print("  cpu class %s %s" % ((cpu_class + ":").ljust(width + 1), state),
                       file=out)
     return 0

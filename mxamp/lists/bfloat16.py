@@ -139,3 +139,23 @@ NO_KERNEL_BY_CPU_CLASS = {
         "_sg_mkldnn_selfatt_qk": R_ONEDNN_FUSED, "_sg_mkldnn_selfatt_valatt": R_ONEDNN_FUSED,
     },
 }
+
+# Shapes that run in float32 on CPUs of one bfloat16 class whatever the op's category, each a
+# conditions.Condition written as (tests, if_unknown, reason). On 'amx' (oneDNN 2.4 with
+# DNNL_MAX_CPU_ISA=AVX512_CORE_AMX, Sapphire Rapids) a bfloat16 1x1 stride-1 convolution
+# corrupts the heap (glibc abort or segfault, forward alone, any batch and C_out) when its
+# per-image H*W is 27, 33, 36, 39, 42, 45 or 48 and its C_in a multiple of 32: a scan of H*W
+# 1..600 at C_in 64 and 1..128 at C_in 32..2048 found exactly these (NOTES.md section 2,
+# ci/probe_amx.py). The rule keeps a margin: H*W 16..64 and C_in a multiple of 16. Where the
+# shapes cannot be known (a Symbol graph built without input shapes) it holds: safety first.
+R_AMX_HEAP = ("oneDNN 2.4 AMX: bfloat16 1x1 stride-1 convolutions with per-image H*W in "
+              "{27,33,...,48} and C_in % 32 == 0 corrupt the heap (measured on Sapphire "
+              "Rapids); kept in float32 with a margin (H*W 16..64, C_in % 16 == 0)")
+_AMX_HEAP_SHAPES = (
+    (("kernel", ("1",)), ("stride", ("1",)), ("in_channels", ("%16",)),
+     ("spatial_size", ("16..64",))),
+    True, R_AMX_HEAP)
+FP32_WHEN_BY_CPU_CLASS = {
+    "amx": {op: (_AMX_HEAP_SHAPES,)
+            for op in ("Convolution", "_npx_convolution", "_sg_mkldnn_conv")},
+}
