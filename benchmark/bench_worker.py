@@ -11,6 +11,9 @@ choice are process-wide and cannot be undone. Modes:
   ``amp.init_trainer``, ``amp.scale_loss``; nothing else.
 - ``mxamp_auto``: the same with ``target_dtype='auto'``: bfloat16 where the CPU computes it
   natively, float32 compute (AMP, loss scaler and skipping still on) elsewhere.
+- ``mxamp_tuned``: ``amp.tune`` on the model and batch (training: forward+backward; inference:
+  forward) picks the fastest policy not slower than float32 and applies it; the chosen policy
+  and the tuning time are reported.
 - ``mxamp_o2``: mxamp's O2 mode as documented: ``amp.init`` (routes ops that ``hybrid_forward``
   calls directly, e.g. ``F.batch_dot``, to float32) + ``amp.cast_model`` (bf16 parameters, fp32
   master weights in the trainer).
@@ -36,7 +39,7 @@ sys.path.insert(1, os.path.dirname(HERE))  # the repo root, for `import mxamp`
 
 from workloads import INIT_TARGETS, WORKLOADS, build_model, make_batch, make_loss  # noqa: E402
 
-MODES = ("fp32", "reference", "reference_amx", "mxamp", "mxamp_auto", "mxamp_o2")
+MODES = ("fp32", "reference", "reference_amx", "mxamp", "mxamp_auto", "mxamp_tuned", "mxamp_o2")
 TARGET = "bfloat16"
 #: The target_dtype each mode asks AMP for.
 TARGETS = {"mxamp_auto": "auto"}
@@ -66,7 +69,7 @@ def amp_module(mode):
     if mode in ("reference", "reference_amx"):
         from mxnet.contrib import amp
         return amp
-    if mode in ("mxamp", "mxamp_auto", "mxamp_o2"):
+    if mode in ("mxamp", "mxamp_auto", "mxamp_tuned", "mxamp_o2"):
         from mxamp import amp
         return amp
     return None
@@ -86,7 +89,7 @@ def build_train_step(workload, mode, quick):
     import mxnet as mx
     from mxnet import autograd, gluon
     amp = amp_module(mode)
-    if amp is not None:
+    if amp is not None and mode != "mxamp_tuned":
         amp.init(target_dtype=target_of(mode))  # before the model is built, as users do
     net = build_model(workload)
     net.initialize(mx.init.Xavier(magnitude=2.0), ctx=mx.cpu())
@@ -97,6 +100,8 @@ def build_train_step(workload, mode, quick):
         net = o2_cast(net, data)
     trainer = gluon.Trainer(net.collect_params(), "sgd", optimizer_args, update_on_kvstore=False)
     net.hybridize()
+    if mode == "mxamp_tuned":
+        TUNED.update(_tune(amp, net, data, lambda out: loss_fn(out, label), train=True))
     if amp is not None:
         amp.init_trainer(trainer)
     batch_size = data.shape[0]
@@ -126,7 +131,13 @@ def build_infer_step(workload, mode, quick):
     amp = amp_module(mode)
     if mode == "mxamp_o2":
         raise Skip("O2 is a training mode")
-    if amp is not None:
+    if mode == "mxamp_tuned":
+        TUNED.update(_tune(amp, net, data, None, train=False))
+        policy = TUNED.pop("_policy")
+        if policy.target != "float32":
+            amp.reset()
+            net = amp.convert_hybrid_block(net, ctx=mx.cpu(), **policy.convert_kwargs())
+    elif amp is not None:
         net = amp.convert_hybrid_block(net, target_dtype=target_of(mode), ctx=mx.cpu())
 
     def step():
@@ -134,6 +145,17 @@ def build_infer_step(workload, mode, quick):
         out.wait_to_read()
         return float(out.astype("float32").mean().asscalar())
     return step
+
+
+#: What the tuned mode chose, for the RESULT line.
+TUNED = {}
+
+
+def _tune(amp, net, data, loss_fn, train):
+    start = time.perf_counter()
+    policy = amp.tune(net, data, loss_fn=loss_fn, train=train, report=sys.stderr)
+    return {"policy": policy.name, "tune_ms": (time.perf_counter() - start) * 1e3,
+            "_policy": policy}
 
 
 def time_amp_init(mode, target):
@@ -180,6 +202,8 @@ def measure(workload_name, mode, quick, steps, warmup):
     if mode.startswith("mxamp") and "cpu_features" not in result:  # after timing the import
         import mxamp.cpu
         result["cpu_features"] = mxamp.cpu.cpu_features().as_dict()
+    TUNED.pop("_policy", None)
+    result.update(TUNED)
     result.update(status="ok", median_ms=statistics.median(times), min_ms=min(times),
                   times_ms=[round(t, 3) for t in times], last_value=last)
     return result

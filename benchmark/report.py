@@ -3,7 +3,8 @@ from workloads import INIT_LIMIT_MS, INIT_TARGETS, WORKLOADS
 
 COLUMNS = (("fp32", "fp32"), ("reference", "reference bf16"),
            ("reference_amx", "reference bf16 + AMX by hand"), ("mxamp", "mxamp bf16"),
-           ("mxamp_auto", "mxamp auto"), ("mxamp_o2", "mxamp O2"))
+           ("mxamp_auto", "mxamp auto"), ("mxamp_tuned", "mxamp tuned (policy)"),
+           ("mxamp_o2", "mxamp O2"))
 # (name, workload, numerator mode, denominator mode, minimum ratio)
 SPEED_TARGETS = (
     ("MLP training, fp32 / mxamp", "mlp_train", "fp32", "mxamp", 2.0),
@@ -47,6 +48,8 @@ def _cell(cell, key="median_ms", fmt="%.1f"):
         text = " ".join(cell.get("error", cell.get("status", "?")).split()).replace("|", "/")
         return "%s: %s" % (cell.get("status", "error"), text[:80])
     text = fmt % cell[key]
+    if cell.get("policy") and key == "median_ms":
+        text += " (%s)" % cell["policy"]
     if cell.get("status") == "partial":
         text += " (%d of %d runs failed)" % (cell["runs"] - cell["ok"], cell["runs"])
     return text

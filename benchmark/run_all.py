@@ -24,11 +24,13 @@ sys.path.insert(0, HERE)
 import report  # noqa: E402
 from workloads import WORKLOADS  # noqa: E402
 
-TRAIN_MODES = ("fp32", "reference", "reference_amx", "mxamp", "mxamp_auto", "mxamp_o2")
-INFER_MODES = ("fp32", "reference", "reference_amx", "mxamp", "mxamp_auto")
+TRAIN_MODES = ("fp32", "reference", "reference_amx", "mxamp", "mxamp_auto", "mxamp_tuned",
+               "mxamp_o2")
+INFER_MODES = ("fp32", "reference", "reference_amx", "mxamp", "mxamp_auto", "mxamp_tuned")
 INIT_MODES = ("reference", "mxamp")
 # (timed steps, warmup steps) per workload at full size; --quick uses (2, 1).
 STEPS = {"mlp_train": (10, 3), "resnet18_train": (10, 3), "resnet50_train": (3, 1),
+         "mobilenet_train": (5, 2),
          "transformer_train": (5, 2), "resnet18_infer": (10, 3), "resnet50_infer": (6, 2)}
 OVERFLOW_SCRIPT = os.path.join(HERE, "bench_overflow.py")
 
@@ -173,6 +175,9 @@ def summarize(runs):
                         maxrss_mb=max(r.get("maxrss_mb", 0) for r in ok),
                         median_cpu_ms=statistics.median(r.get("median_cpu_ms", 0) for r in ok),
                         loadavg=statistics.median(r.get("loadavg", 0) for r in ok))
+            policies = sorted({r["policy"] for r in ok if r.get("policy")})
+            if policies:
+                cell["policy"] = " / ".join(policies)
         bad = [r for r in mine if r.get("status") != "ok"]
         if bad:
             cell["status"] = bad[0]["status"] if not ok else "partial"

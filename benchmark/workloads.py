@@ -17,7 +17,7 @@ class Workload:
     name: str          # key used on the command line and in the results
     title: str         # row label of the report
     kind: str          # 'train' (fwd+bwd+optimizer step) or 'infer' (converted forward)
-    model: str         # 'mlp', 'resnet18_v1', 'resnet50_v1', 'transformer'
+    model: str         # 'mlp', 'resnet18_v1', 'resnet50_v1', 'mobilenet1_0', 'transformer'
     data_shape: Tuple[int, ...]
     classes: int
     quick_shape: Tuple[int, ...]  # the --quick batch: same model, tiny batch
@@ -35,6 +35,8 @@ WORKLOADS = {w.name: w for w in [
              (32, 3, 64, 64), 10, (4, 3, 32, 32)),
     Workload("resnet50_train", "ResNet-50 train, batch 16x3x224x224", "train", "resnet50_v1",
              (16, 3, 224, 224), 1000, (2, 3, 64, 64)),
+    Workload("mobilenet_train", "MobileNet 1.0 train, batch 4x3x320x320", "train",
+             "mobilenet1_0", (4, 3, 320, 320), 1000, (2, 3, 64, 64)),
     Workload("transformer_train", "Transformer encoder block train, batch 32x128x512", "train",
              "transformer", (32, 128, 512), 0, (2, 32, 512)),
     Workload("resnet18_infer", "ResNet-18 converted inference, batch 8x3x224x224", "infer",

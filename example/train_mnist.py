@@ -31,14 +31,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from mnist_data import load_mnist  # noqa: E402
 
-RUNS = {"fp32": "float32 baseline", "patch": "amp.init() patching", "o2": "O2 (model cast)"}
-COLORS = {"fp32": "C0", "patch": "C1", "o2": "C2"}
+RUNS = {"fp32": "float32 baseline", "patch": "amp.init() patching",
+        "auto": "amp.init('auto') patching", "o2": "O2 (model cast)"}
+COLORS = {"fp32": "C0", "patch": "C1", "auto": "C3", "o2": "C2"}
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--mode", choices=["patch", "o2", "both"], default="both",
-                        help="mixed-precision mode(s) to run beside fp32 (default: both)")
+    parser.add_argument("--mode", choices=["patch", "auto", "o2", "both", "all"], default="all",
+                        help="mixed-precision mode(s) to run beside fp32: both = patch and o2, "
+                        "all = patch, auto and o2 (default); auto = amp.init('auto'), which "
+                        "computes in bfloat16 only where it measured faster on this machine")
     parser.add_argument("--dtype", choices=["auto", "bfloat16", "float16"], default="auto",
                         help="low-precision type; auto = float16 on a GPU, bfloat16 on a CPU")
     parser.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
@@ -132,6 +135,8 @@ def _what_ran(run, amp, impl, dtype, ctx, weight_dtype):
     if impl == "reference":
         return f"{dtype} (mxnet.contrib.amp)"
     plan = amp.precision_plan(dtype, ctx)
+    if run == "auto":
+        return amp.precision_plan("auto", ctx).describe().split(": ", 1)[-1]
     if run == "patch":
         return plan.summary()
     if plan.low_precision:
@@ -173,6 +178,8 @@ def train_one(run, dtype="bfloat16", impl="mxamp", epochs=3, batch_size=64, lr=0
         # O2 as the README advises: amp.init as well, so that ops hybrid_forward calls directly
         # get float32 inputs where they have no low-precision kernel.
         amp.init(target_dtype=dtype)
+    elif run == "auto":
+        amp.init(target_dtype="auto")
     mx.random.seed(seed)
     np.random.seed(seed)
     ctx = mx.gpu(0) if device == "gpu" else mx.cpu()
@@ -238,7 +245,9 @@ def train_one(run, dtype="bfloat16", impl="mxamp", epochs=3, batch_size=64, lr=0
                  "conv0_output": _dtype_name(first_conv(probe).dtype)}
     ran = _what_ran(run, amp, impl, dtype, ctx, precision["conv0_weight"])
     return {
-        "run": run, "dtype": "float32" if run == "fp32" else dtype, "impl": impl,
+        "run": run, "impl": impl,
+        "dtype": "float32" if run == "fp32" else (
+            "auto: " + amp.precision_plan("auto", ctx).compute if run == "auto" else dtype),
         "test_accuracy": accuracy, "epoch_seconds": epoch_seconds,
         # the first epoch also builds the graph and oneDNN primitives: leave it out if possible
         "seconds_per_epoch": statistics.median(epoch_seconds[1:] or epoch_seconds),
@@ -334,15 +343,15 @@ def main(argv=None):
             json.dump(result, f)
         return 0
 
-    modes = ["patch", "o2"] if args.mode == "both" else [args.mode]
-    if args.impl == "reference" and "o2" in modes:
-        modes.remove("o2")
-        print("note: mxnet.contrib.amp has no O2 mode; running patching only")
+    modes = {"both": ["patch", "o2"], "all": ["patch", "auto", "o2"]}.get(args.mode, [args.mode])
+    if args.impl == "reference" and ("o2" in modes or "auto" in modes):
+        modes = [m for m in modes if m == "patch"]
+        print("note: mxnet.contrib.amp has no O2 mode and no 'auto'; running patching only")
     # resolve 'auto' once here so every run reports the same dtype
     args.device = resolve_device(args.device)
     args.dtype = resolve_dtype(args.dtype, args.device)
     if args.dtype == "float16" and args.device == "cpu" and "o2" in modes:
-        if args.mode == "o2":
+        if modes == ["o2"]:
             print("error: O2 in float16 needs a GPU (MXNet has no float16 convolution or "
                   "dense kernel for CPUs); use --dtype bfloat16", file=sys.stderr)
             return 2

@@ -21,6 +21,7 @@ from .patching import (disabled, init, is_initialized, op_lists, patch_state, pr
                        target_dtype)
 from . import loss_outputs  # noqa: F401  (registers the op that scales loss-output gradients)
 from .trainer import global_norm_and_overflow, init_trainer, loss_scaler, scale_loss, unscale
+from .tuning import Policy, tune
 
 __all__ = [
     "init", "init_trainer", "scale_loss", "unscale", "convert_symbol", "convert_model",
@@ -30,6 +31,7 @@ __all__ = [
     "list_fp16_fp32_ops", "disabled", "is_initialized", "patch_state", "target_dtype",
     "reset", "op_lists", "cast_model", "accuracy_report",
     "cpu_features", "global_norm_and_overflow", "loss_scaler", "precision_plan", "precision_of",
+    "tune", "Policy",
 ]
 
 

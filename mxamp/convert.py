@@ -48,8 +48,8 @@ from .errors import AmpArgumentError, check_name_list
 from .gluon_graph import ConvertedBlock, block_context, trace_graph
 from .mxnet_private import BucketingView, NumpySymbol, ParamView
 from .opfuncs import lists_for
-from .precision_pass import CAST_OPS, graph_nodes, op_names, param_dtypes, reduce_precision
-from .wrappers import symbol_data_shape
+from .precision_pass import (CAST_OPS, conditional_fp32_nodes, graph_nodes, op_names, param_dtypes,
+                             reduce_precision)
 
 _LOG = logging.getLogger(__name__)
 
@@ -116,52 +116,6 @@ def _strip_output_casts(converted, original):
             out = out.get_children()[0]
         outputs.append(out)
     return outputs[0] if len(outputs) == 1 else mx.sym.Group(outputs)
-
-
-def _node_data_shape(internals, outputs, node_name, known_shapes):
-    """The shape of the first input of node ``node_name``, inferred as far as MXNet can."""
-    first = next((o for o in outputs if o.startswith(node_name + "_")), None)
-    if first is None:
-        return None
-    children = internals[first].get_children()
-    if children is None:
-        return None
-    return symbol_data_shape(children[0], known_shapes)
-
-
-def conditional_fp32_nodes(sym, lists, known_shapes=None):
-    """Names of the nodes of ``sym`` whose float32 condition holds: a conditional rule of the
-    lists (``conditional_fp32_ops``) or a condition of the CPU class the graph is built for.
-
-    ``known_shapes`` maps input names to shapes; a condition on a shape that cannot be inferred
-    counts as its ``if_unknown``.
-
-    >>> import mxnet as mx
-    >>> from mxamp.opfuncs import lists_for
-    >>> lists = lists_for('bfloat16', conditional_fp32_ops=[('Convolution', 'kernel', ['(7, 7)'])])
-    >>> x = mx.sym.var('data')
-    >>> stem = mx.sym.Convolution(x, kernel=(7, 7), num_filter=8, name='stem')
-    >>> sorted(conditional_fp32_nodes(mx.sym.Convolution(stem, kernel=(3, 3), num_filter=8), lists))
-    ['stem']
-    """
-    rules = {op: lists.conditions(op) for op in lists.conditional_fp32}
-    for op, conds in lists.device_conditions.items():
-        rules[op] = tuple(rules.get(op, ())) + tuple(conds)
-    candidates = [n for n in graph_nodes(sym) if rules.get(n["op"])]
-    if not candidates:
-        return set()
-    internals = sym.get_internals()
-    outputs = internals.list_outputs()
-    found = set()
-    for node in candidates:
-        attrs = node.get("attrs", {})
-        conds = rules[node["op"]]
-        shape = None
-        if any(c.needs_shapes() for c in conds):
-            shape = _node_data_shape(internals, outputs, node["name"], known_shapes or {})
-        if any(c.holds(attrs, shape) for c in conds):
-            found.add(node["name"])
-    return found
 
 
 def _convert(sym, lists, excluded, data_names, cast_optional_params, fp32_outputs,

@@ -6,13 +6,14 @@ only pays where the hardware computes it. :func:`plan` turns a request (``'float
 :mod:`mxamp.cpu`) into a :class:`DevicePlan`: which op lists apply, which ops compute in float32
 there whatever their list says, and whether anything runs in low precision at all.
 
-============ ========== ==================== ====================== =======================
-request      GPU        CPU ``amx``/``native`` CPU ``emulated``     CPU ``none``
-============ ========== ==================== ====================== =======================
+============ ========== ======================== ==================== =======================
+request      GPU        CPU ``amx``/``native``   CPU ``emulated``     CPU ``none``
+============ ========== ======================== ==================== =======================
 'float16'    float16    float32 (no float16 CPU GEMM/convolution kernels; GPU scripts run)
-'bfloat16'   bfloat16   bfloat16             bfloat16, slower       float32: no kernels
-'auto'       float16    bfloat16             float32                float32
-============ ========== ==================== ====================== =======================
+'bfloat16'   bfloat16   bfloat16                 bfloat16, slower     float32: no kernels
+'auto'       float16    bfloat16 where measured  float32              float32
+                        faster (:mod:`mxamp.probe`)
+============ ========== ======================== ==================== =======================
 
 Where a plan computes in float32, AMP stays on: ``amp.init_trainer``'s scaler still skips
 steps with non-finite gradients, and a model behaves, bit for bit, as in float32.
@@ -32,6 +33,7 @@ from .dtypes import is_cpu
 from .cpu import BF16_CLASSES, NATIVE_CLASSES, cpu_features
 from .errors import AmpArgumentError
 from .opfuncs import gpu_available, lists_for
+from .probe import known_result, machine_probe, probe_enabled
 from .state import STATE
 
 #: The device name of CUDA GPUs (CPUs are named by their bfloat16 class).
@@ -180,6 +182,11 @@ def plan(requested, lists, device):
         reason = _WHY_FLOAT32.get(device, "")
         if requested == dtypes.AUTO and device not in NATIVE_CLASSES:
             fp32_ops |= low
+        elif requested == dtypes.AUTO and device == cpu_class() and probe_enabled():
+            measured = machine_probe()       # the class computes bfloat16: is it faster here?
+            if not measured.bf16_pays:
+                fp32_ops |= low
+                reason = measured.summary()
         elif requested == dtypes.AUTO and amx_idle_here(device):
             fp32_ops |= low
             reason = WHY_AMX_OFF
@@ -242,6 +249,12 @@ def cpu_notice(device_plan):
                 "models; mxamp keeps the 1x1 convolutions that corrupt the heap under oneDNN "
                 "2.4's AMX in float32), or use target_dtype='auto', which computes in float32 "
                 "here." % (cpu_features().reason or cpu_features().bf16_reason))
+    measured = known_result() if p.device in NATIVE_CLASSES and p.device == cpu_class() \
+        else None
+    if measured is not None and not measured.error and not measured.bf16_pays:
+        return ("mxamp: bfloat16 was measured SLOWER than float32 on this machine: %s. "
+                "target_dtype='auto' computes in float32 here; amp.tune(net, batch) finds "
+                "whether some layers still gain." % measured.summary())
     if p.device == "amx":
         features = cpu_features()
         return ("mxamp: bfloat16 on AMX tiles (in effect: %s). oneDNN 2.4's AMX support is "

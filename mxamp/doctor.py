@@ -29,6 +29,7 @@ import mxnet as mx
 
 from . import __version__, devices, dtypes
 from .cpu import cpu_features, read_cpuinfo
+from .probe import cache_path, machine_probe
 
 # (name, builder) of the two workloads timed: shapes of a transformer FFN and a ResNet stage.
 GEMM = "FullyConnected 256x1024 @ 1024x1024"
@@ -124,7 +125,7 @@ def collect(timing=True, probe=True, seconds=0.5):
     """The doctor's facts as a dict (what ``--json`` prints).
 
     >>> sorted(collect(timing=False, probe=False))
-    ['build', 'consistent', 'cpu', 'mxamp', 'onednn', 'plans', 'timing']
+    ['build', 'consistent', 'cpu', 'mxamp', 'onednn', 'plans', 'probe', 'timing']
     """
     features = cpu_features()
     model, flags = read_cpuinfo()
@@ -138,7 +139,7 @@ def collect(timing=True, probe=True, seconds=0.5):
                 "decided_ms": features.decided_ms, "amx_enabled": features.amx_enabled,
                 "amx_in_effect": features.amx_in_effect, "amx_check": features.amx_check,
                 "amx_reason": features.reason},
-        "plans": {}, "onednn": None, "timing": {}, "consistent": None,
+        "plans": {}, "onednn": None, "timing": {}, "consistent": None, "probe": None,
     }
     places = [("cpu", mx.cpu())] + ([("gpu", mx.gpu(0))] if facts["build"]["gpus"] else [])
     for place, ctx in places:
@@ -154,6 +155,12 @@ def collect(timing=True, probe=True, seconds=0.5):
         runs = facts["onednn"]
         bf16_ran = runs["gemm"] == "runs" and runs["conv"] == "runs"
         facts["consistent"] = bf16_ran == (features.bf16_class != "none")
+    if timing and probe:
+        measured = machine_probe()
+        facts["probe"] = {"summary": measured.summary(), "rows": measured.rows,
+                          "speedup": measured.speedup, "bf16_pays": measured.bf16_pays,
+                          "cached": measured.cached, "seconds": measured.seconds,
+                          "cache": cache_path()}
     if timing:
         for dtype_name in ("float32", "bfloat16"):
             if dtype_name == "bfloat16" and (not probe or runs["gemm"] != "runs"):
@@ -208,6 +215,15 @@ def format_report(facts):
         if plan["fp32_ops"] and plan["compute"] != "float32":
             extra = " (float32 on this CPU: %s)" % plan["fp32_ops"]
         lines.append("  %-4s %-10r %s%s" % (place, target, plan["summary"], extra))
+    if facts.get("probe"):
+        p = facts["probe"]
+        lines.append("The probe 'auto' decides by (%s; %s):" % (
+            "cached" if p["cached"] else "measured now, %.2f s" % p["seconds"], p["cache"]))
+        for name, f32, b16 in p["rows"]:
+            lines.append("  %-46s float32 %8.2f   bfloat16 %8.2f   %.2fx" % (name, f32, b16,
+                                                                          f32 / b16))
+        lines.append("  => %s; 'auto' on this CPU: %s" % (
+            p["summary"], "bfloat16" if p["bf16_pays"] else "float32"))
     if facts["timing"]:
         lines.append("Timing on this machine (median ms; float32 vs bfloat16):")
         for name, row in facts["timing"].items():
@@ -229,7 +245,11 @@ def main(argv=None):
     parser.add_argument("--seconds", type=float, default=0.5,
                         help="time spent timing each kernel (default 0.5)")
     parser.add_argument("--json", action="store_true", help="print the facts as JSON")
+    parser.add_argument("--reprobe", action="store_true",
+                        help="measure the probe again instead of reading its cache")
     args = parser.parse_args(argv)
+    if args.reprobe:
+        os.environ["MXAMP_REPROBE"] = "1"
     if args.seconds <= 0:
         parser.error("--seconds must be positive")
     facts = collect(timing=not args.no_timing, seconds=args.seconds)

@@ -279,3 +279,21 @@ def test_amx_guard_in_convert_and_cast_model(forced_class):
         rel = np.abs(out.asnumpy() - want).max() / np.abs(want).max()
         # bfloat16 weights, float32 compute: only the weights' rounding (~0.4%) remains
         assert out.dtype == np.float32 and rel < 2e-2, (hybridize, rel)
+
+
+def test_amx_guard_in_numpy_interface_calls(forced_class):
+    forced_class("amx")
+    amp.init("bfloat16")
+    rng = np.random.RandomState(2)
+    x = mx.np.array(rng.randn(*GUARDED).astype("float32"))
+    w = mx.np.array(rng.randn(64, 64, 1, 1).astype("float32") * 0.1)
+    x.attach_grad()
+    with mx.autograd.record():
+        y = mx.npx.convolution(x, w, kernel=(1, 1), num_filter=64, no_bias=True)
+        loss = (y.astype("float32") ** 2).sum()
+    loss.backward()
+    with amp.disabled():
+        want = mx.npx.convolution(x, w, kernel=(1, 1), num_filter=64, no_bias=True)
+    assert y.dtype == np.float32 and np.array_equal(y.asnumpy(), want.asnumpy()), (
+        "a guarded mx.npx convolution computes float32's values")
+    assert amp.precision_of("_npx_convolution", data_shape=FREE, kernel=(1, 1))[0] == "bfloat16"

@@ -54,6 +54,13 @@ def test_mnist_rejects_a_split_without_test_images():
 
 
 # ----- example/train_mnist.py -----
+def amp_auto_compute():
+    """What target_dtype='auto' computes on this CPU (the probe decides on bf16 classes)."""
+    import mxnet as mx
+    from mxamp import amp
+    return amp.precision_plan("auto", mx.cpu()).compute
+
+
 
 @pytest.mark.cpu_class
 def test_train_mnist_tiny_run_prints_table_and_writes_plot(tmp_path):
@@ -63,13 +70,15 @@ def test_train_mnist_tiny_run_prints_table_and_writes_plot(tmp_path):
                       "bfloat16", "--device", "cpu", "--no-progress", "--plot", str(plot),
                       "--json", str(results))
     assert proc.returncode == 0, f"train_mnist.py failed:\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    auto = amp_auto_compute()
     for row in ("| float32 baseline | float32 |", "| amp.init() patching | bfloat16 |",
-                "| O2 (model cast) | bfloat16 |"):
+                "| amp.init('auto') patching | auto: %s |" % auto, "| O2 (model cast) | bfloat16 |"):
         assert row in proc.stdout, f"table row {row!r} missing from:\n{proc.stdout}"
     assert plot.read_bytes()[:8] == PNG_MAGIC and plot.stat().st_size > 10_000, (
         "the loss-curve PNG was not written")
     runs = {r["run"]: r for r in json.loads(results.read_text())}
-    assert sorted(runs) == ["fp32", "o2", "patch"]
+    assert sorted(runs) == ["auto", "fp32", "o2", "patch"]
+    assert runs["auto"]["what_ran"].startswith(auto), runs["auto"]["what_ran"]
     # the table's last column says what really ran on this CPU
     if BF16_KERNELS:
         assert runs["patch"]["what_ran"].startswith("bfloat16 compute"), runs["patch"]["what_ran"]
@@ -92,12 +101,12 @@ def test_train_mnist_tiny_run_prints_table_and_writes_plot(tmp_path):
 
 
 def test_train_mnist_defaults_are_what_ci_train_sh_runs():
-    # `bash ci/train.sh` runs the script with no arguments: fp32 + patching + O2, the dtype
-    # picked from the device, 3 epochs on the 4000/1000 split, a PNG next to the caller.
+    # `bash ci/train.sh` runs the script with no arguments: fp32 + patching + 'auto' + O2, the
+    # dtype picked from the device, 3 epochs on the 4000/1000 split, a PNG next to the caller.
     import train_mnist
     args = train_mnist.parse_args([])
     assert (args.mode, args.dtype, args.device, args.epochs, args.train_size, args.plot) == (
-        "both", "auto", "auto", 3, 4000, "mnist_amp.png"), vars(args)
+        "all", "auto", "auto", 3, 4000, "mnist_amp.png"), vars(args)
     assert train_mnist.resolve_dtype("auto", "cpu") == "bfloat16"
     assert train_mnist.resolve_dtype("auto", "gpu") == "float16"
 

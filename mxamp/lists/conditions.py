@@ -18,6 +18,9 @@ Shape words (computed from the data input, ``NC...`` layouts):
 ``in_channels``     the data input's channel count
 ``spatial_size``    its per-image spatial size (H*W for images)
 ``depthwise``       ``True`` when ``num_group`` equals ``in_channels`` (and is > 1)
+``conv_kind``       a convolution's kind, the first that fits: ``stem`` (at most 4
+                    input channels), ``depthwise``, ``pointwise`` (1x1 kernel),
+                    ``grouped`` (``num_group`` > 1) or ``dense``
 =================== =============================================================
 
 and numeric values may be comparisons: ``'<=4'``, ``'>=24'``, ``'16..64'`` (a closed range) or
@@ -35,7 +38,7 @@ import ast
 from typing import NamedTuple, Optional
 
 #: The shape words a test may name beside operator parameters.
-SHAPE_WORDS = ("in_channels", "spatial_size", "depthwise")
+SHAPE_WORDS = ("in_channels", "spatial_size", "depthwise", "conv_kind")
 #: MXNet's defaults of the parameters conditions test most (Convolution and Pooling).
 PARAM_DEFAULTS = {"stride": 1, "dilate": 1, "pad": 0, "num_group": 1}
 _UNKNOWN = object()
@@ -116,6 +119,17 @@ def shape_value(word, attrs, data_shape):
     if word == "depthwise":
         groups = normalize_value(attrs.get("num_group", 1))
         return channels > 1 and groups == channels
+    if word == "conv_kind":
+        groups = normalize_value(attrs.get("num_group", 1))
+        kernel = normalize_value(attrs.get("kernel", ()))
+        kernel = kernel if isinstance(kernel, tuple) else (kernel,)
+        if channels <= 4:
+            return "stem"
+        if channels > 1 and groups == channels:
+            return "depthwise"
+        if kernel and all(k == 1 for k in kernel):
+            return "pointwise"
+        return "grouped" if isinstance(groups, int) and groups > 1 else "dense"
     if word == "spatial_size":
         size = 1
         for i, d in enumerate(data_shape[1:], start=1):

@@ -1,0 +1,330 @@
+"""Per-model tuning: time the user's model under a few precision policies, keep the fastest that
+is not slower than float32, and apply it.
+
+Where bfloat16 pays depends on the model as much as on the CPU (NOTES.md §2, §2b): on a Zen 5
+ResNet-18 trains 1.05x faster in bfloat16 everywhere but 1.25-1.36x with its stem convolution in
+float32; on a Sapphire Rapids with AMX, MobileNet trains 15x slower in bfloat16 (BatchNorm
+backward) and ResNet-50 2.3x faster. :func:`tune` measures instead of guessing:
+
+>>> import mxnet as mx
+>>> from mxamp import amp
+>>> net = mx.gluon.nn.HybridSequential()
+>>> net.add(mx.gluon.nn.Conv2D(8, 3, in_channels=3), mx.gluon.nn.Dense(4))
+>>> net.initialize(); net.hybridize()
+>>> policy = amp.tune(net, mx.nd.ones((2, 3, 8, 8)), report=None)   # doctest: +SKIP
+>>> policy.name in ('float32', 'bfloat16')                          # doctest: +SKIP
+True
+
+A :class:`Policy` is data: the target dtype and op lists that ``amp.init`` and ``convert_*``
+take (``policy.init_kwargs()``), saved beside the model (``policy.save(path)``,
+``Policy.load(path)``) and explained (``policy.explain()``). Candidates come from the model's
+graph: bfloat16 everywhere, and bfloat16 with float32 for the stem convolution (few input
+channels), depthwise convolutions, BatchNorm, where the model has them. Tuning runs forward and
+backward passes (or forward only, ``train=False``) and restores every parameter, gradient and
+BatchNorm statistic afterwards, so the model's numbers do not change.
+"""
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import mxnet as mx
+
+from . import devices, dtypes, patching
+from .errors import AmpArgumentError
+from .mxnet_private import ParamView
+from .opfuncs import lists_for
+
+#: A candidate must beat float32 by this margin to be kept (timing noise on small steps).
+MIN_GAIN = 1.02
+#: Conditions candidates use (``conditional_fp32_ops`` entries, see mxamp.lists.conditions).
+STEM = ("in_channels", ["<=4"])
+DEPTHWISE = ("depthwise", ["True"])
+_CONV_OPS = ("Convolution", "_npx_convolution")
+_BN_OPS = ("BatchNorm", "_npx_batch_norm", "_contrib_BatchNormWithReLU")
+
+
+@dataclass
+class Policy:
+    """What runs in which precision for one model: a target and op-list edits, with the table
+    that chose it.
+
+    >>> p = Policy('bf16, stem in float32', 'bfloat16',
+    ...            conditional_fp32_ops=[['Convolution', 'in_channels', ['<=4']]])
+    >>> ('Convolution', 'in_channels', ['<=4']) in p.init_kwargs()['conditional_fp32_ops']
+    True
+    """
+
+    name: str
+    target: str                          #: 'bfloat16'/'float16', or 'float32' (AMP off)
+    extra_fp32_ops: list = field(default_factory=list)       #: added to the target's fp32 list
+    conditional_fp32_ops: list = field(default_factory=list)  #: (op, condition, values)
+    table: list = field(default_factory=list)  #: rows: name, ms, ratio to float32, top ops
+    device: str = ""                     #: the CPU class or 'gpu' it was tuned on
+
+    def init_kwargs(self):
+        """Keyword arguments for ``amp.init`` (``{}`` for float32: do not call init).
+
+        ``fp32_ops`` and ``conditional_fp32_ops`` replace the target's defaults (as in the
+        reference), so each is the default list plus this policy's additions.
+        """
+        if self.target == "float32":
+            return {}
+        out = {"target_dtype": self.target}
+        if self.extra_fp32_ops:
+            default = set(lists_for(self.target).fp32)
+            out["fp32_ops"] = sorted(default | set(self.extra_fp32_ops))
+        if self.conditional_fp32_ops:
+            base = lists_for(self.target).conditional_fp32
+            entries = {op: (param, list(values)) for op, (param, values) in base.items()}
+            for op, param, values in self.conditional_fp32_ops:
+                entries[op] = (param, list(values))
+            out["conditional_fp32_ops"] = [(op, p, v) for op, (p, v) in sorted(entries.items())]
+        return out
+
+    def convert_kwargs(self):
+        """Keyword arguments for ``amp.convert_*`` (``{}`` for float32: do not convert).
+
+        >>> Policy('bf16', 'bfloat16', ['BatchNorm']).convert_kwargs()['target_dtype']
+        'bfloat16'
+        """
+        return self.init_kwargs()
+
+    def apply(self):
+        """Call ``amp.init`` with this policy (after ``amp.reset()``); nothing for float32."""
+        patching.reset()
+        if self.target != "float32":
+            patching.init(**self.init_kwargs())
+
+    def explain(self):
+        """The policy in words, and the table that chose it."""
+        lines = ["policy %r: %s" % (self.name, "AMP off: float32" if self.target == "float32"
+                                    else "%s, per mxamp's op lists" % self.target)]
+        for op in self.extra_fp32_ops:
+            lines.append("  %s in float32" % op)
+        for op, param, values in self.conditional_fp32_ops:
+            lines.append("  %s in float32 where %s is %s" % (op, param, " or ".join(values)))
+        lines.append(format_table(self.table))
+        return "\n".join(lines)
+
+    def save(self, path):
+        """Write the policy as JSON (beside the model's parameters, say)."""
+        with open(path, "w") as f:
+            json.dump(asdict(self), f, indent=1)
+
+    @classmethod
+    def load(cls, path):
+        """Read a policy :meth:`save` wrote."""
+        with open(path) as f:
+            data = json.load(f)
+        return cls(**data)
+
+
+def format_table(rows):
+    """The tuning table as text: policy, step time, ratio to float32, costliest ops."""
+    if not rows:
+        return "  (no measurements)"
+    lines = ["  %-34s %10s %8s  %s" % ("policy", "ms/step", "vs fp32", "costliest ops (ms)")]
+    for row in rows:
+        ops = ", ".join("%s %.1f" % (name, ms) for name, ms in row.get("top_ops", []))
+        lines.append("  %-34s %10.1f %7.2fx  %s%s" % (row["name"], row["ms"], row["ratio"], ops,
+                                                      "  <= chosen" if row.get("chosen") else ""))
+    return "\n".join(lines)
+
+
+def _graph_ops(net, example):
+    """(op name, attrs, input channels) of the convolutions and op names of the graph."""
+    args = example if isinstance(example, (list, tuple)) else (example,)
+    inputs = [mx.sym.var("data%d" % i if len(args) > 1 else "data") for i in range(len(args))]
+    with patching.disabled():
+        sym = net(*inputs)
+    if isinstance(sym, (list, tuple)):
+        sym = mx.sym.Group(list(sym))
+    shapes = {("data%d" % i if len(args) > 1 else "data"): a.shape for i, a in enumerate(args)}
+    nodes = json.loads(sym.tojson())["nodes"]
+    internals = sym.get_internals()
+    try:
+        _, out_shapes, _ = internals.infer_shape_partial(**shapes)
+        by_name = dict(zip(internals.list_outputs(), out_shapes))
+    except mx.base.MXNetError:
+        by_name = {}
+    convs = []
+    for node in nodes:
+        if node["op"] in _CONV_OPS:
+            src = nodes[node["inputs"][0][0]]
+            key = src["name"] if src["op"] == "null" else src["name"] + "_output"
+            shape = by_name.get(key)
+            convs.append((node.get("attrs", {}), shape[1] if shape and len(shape) > 1 else None))
+    return convs, {n["op"] for n in nodes}
+
+
+def candidates(net, example, target):
+    """The policies worth timing for this model (float32 first).
+
+    >>> net = mx.gluon.nn.HybridSequential()
+    >>> net.add(mx.gluon.nn.Conv2D(8, 3, in_channels=3), mx.gluon.nn.BatchNorm())
+    >>> net.initialize()
+    >>> [p.name for p in candidates(net, mx.nd.ones((1, 3, 8, 8)), 'bfloat16')]
+    ['float32', 'bfloat16', 'bfloat16, stem in float32', 'bfloat16, BatchNorm in float32']
+    """
+    convs, ops = _graph_ops(net, example)
+    out = [Policy("float32", "float32"), Policy(target, target)]
+    has_stem = any(c is not None and c <= 4 for _, c in convs)
+    has_dw = any(c is not None and c > 1 and str(a.get("num_group", "1")) == str(c)
+                 for a, c in convs)
+    conditions = []
+    if has_stem:
+        out.append(Policy("%s, stem in float32" % target, target,
+                          conditional_fp32_ops=[["Convolution", "in_channels", ["<=4"]]]))
+    if has_dw:
+        out.append(Policy("%s, depthwise in float32" % target, target,
+                          conditional_fp32_ops=[["Convolution", "depthwise", ["True"]]]))
+    if has_stem and has_dw:
+        # one rule per op: the conv_kind word names both
+        conditions = [["Convolution", "conv_kind", ["stem", "depthwise"]]]
+        out.append(Policy("%s, stem+depthwise in float32" % target, target,
+                          conditional_fp32_ops=conditions))
+    if ops & set(_BN_OPS):
+        out.append(Policy("%s, BatchNorm in float32" % target, target,
+                          extra_fp32_ops=sorted(o for o in _BN_OPS)))
+    return out
+
+
+class _Snapshot:
+    """Every parameter's data and gradient (BatchNorm statistics included), to restore."""
+
+    def __init__(self, net):
+        self.saved = []
+        for param in net.collect_params().values():
+            view = ParamView(param)
+            if view.data is None:
+                continue
+            data = [d.copy() for d in view.data]
+            grad = [g.copy() for g in view.grad] if view.grad is not None else None
+            self.saved.append((view, data, grad))
+
+    def restore(self):
+        for view, data, grad in self.saved:
+            for dst, src in zip(view.data, data):
+                src.copyto(dst)
+            if grad is not None:
+                for dst, src in zip(view.grad, grad):
+                    src.copyto(dst)
+        mx.nd.waitall()
+
+
+def _step_fn(net, example, loss_fn, train):
+    args = example if isinstance(example, (list, tuple)) else (example,)
+
+    def step():
+        if not train:
+            with mx.autograd.predict_mode():
+                outs = net(*args)
+        else:
+            with mx.autograd.record():
+                outs = net(*args)
+                loss = loss_fn(outs) if loss_fn is not None else outs
+                losses = loss if isinstance(loss, (list, tuple)) else [loss]
+            mx.autograd.backward([l.astype("float32") if dtypes.name_of(l.dtype) != "float32"
+                                  else l for l in losses])
+        mx.nd.waitall()
+        return outs
+    return step
+
+
+def _time_policy(policy, step, steps, profile):
+    """(ms per step, top ops) of ``step`` under ``policy``."""
+    policy.apply()
+    step()  # warm-up: the graph is rebuilt for this policy, oneDNN primitives are created
+    if profile:
+        mx.profiler.set_config(profile_all=True, aggregate_stats=True,
+                               filename="/dev/null" if sys.platform != "win32" else "nul")
+        mx.profiler.set_state("run")
+    best = math.inf
+    try:
+        for _ in range(steps):
+            start = time.perf_counter()
+            step()
+            best = min(best, time.perf_counter() - start)
+    finally:
+        top = []
+        if profile:
+            mx.profiler.set_state("stop")
+            top = _top_ops(mx.profiler.dumps(reset=True, format="json"), steps)
+    return best * 1e3, top
+
+
+def _top_ops(dump, steps, count=5):
+    try:
+        ops = json.loads(dump)["Time"].get("operator", {})
+    except (ValueError, KeyError):
+        return []
+    ranked = sorted(ops.items(), key=lambda kv: -kv[1].get("Total", 0))[:count]
+    return [[name, round(stats["Total"] / max(steps, 1), 2)] for name, stats in ranked]
+
+
+def tune(net, example_batch, loss_fn=None, trainer=None, target_dtype="auto", train=True,
+         steps=2, candidates_=None, apply=True, profile=True, report=sys.stdout):
+    """Time ``net`` under candidate policies and return (and apply) the fastest :class:`Policy`
+    that is not slower than float32.
+
+    ``example_batch`` is an NDArray or a tuple of them (one per forward argument); ``loss_fn``
+    maps the outputs to the loss (default: the outputs themselves); ``train=False`` times
+    inference. ``trainer`` is accepted for symmetry with training scripts and left untouched
+    (no optimizer step runs). Each candidate costs one warm-up and ``steps`` timed passes;
+    every parameter, gradient and BatchNorm statistic is restored afterwards. Tuning resets
+    AMP; with ``apply=True`` the chosen policy is then put in force with ``amp.init`` (float32:
+    AMP stays off), with ``apply=False`` AMP is left off.
+    The table (policy, ms per step, ratio to float32, the 5 costliest ops) goes to ``report``
+    (None: silent) and to ``policy.table``.
+    """
+    if not isinstance(net, mx.gluon.Block):
+        raise AmpArgumentError("tune needs a gluon Block, got %s" % type(net).__name__)
+    batch = example_batch if isinstance(example_batch, (list, tuple)) else (example_batch,)
+    if not batch or not all(isinstance(b, mx.nd.NDArray) for b in batch):
+        raise AmpArgumentError("example_batch must be an NDArray or a tuple of NDArrays")
+    if steps < 1:
+        raise AmpArgumentError("steps must be at least 1, got %r" % (steps,))
+    requested = dtypes.normalize_request(target_dtype)
+    device = devices.device_of(batch[0].context)
+    target = devices.target_for(requested, device)
+    # what the target itself computes here ('auto' is what is being decided, by timing)
+    plan = devices.plan(target, lists_for(target), device)
+    policies = candidates_ or candidates(net, example_batch, target)
+    if not plan.low_precision:
+        # nothing can compute in the target here: time the request itself, not its variants
+        policies = [p for p in policies if p.name in ("float32", target)]
+    snapshot = _Snapshot(net)
+    step = _step_fn(net, example_batch, loss_fn, train)
+    rows = []
+    try:
+        for policy in policies:
+            ms, top = _time_policy(policy, step, steps, profile)
+            rows.append({"name": policy.name, "ms": round(ms, 2), "top_ops": top})
+    finally:
+        patching.reset()
+        snapshot.restore()
+    base = rows[0]["ms"]
+    for row in rows:
+        row["ratio"] = round(base / row["ms"], 3) if row["ms"] else 0.0
+    best = max(range(len(rows)), key=lambda i: rows[i]["ratio"])
+    if rows[best]["ratio"] < MIN_GAIN or not plan.low_precision:
+        # nothing beats float32 by more than the noise, or nothing computes in the target
+        # here (the same float32 computation, timed twice): keep float32 compute
+        best = 0
+    rows[best]["chosen"] = True
+    chosen = policies[best]
+    chosen.table, chosen.device = rows, device
+    if report is not None:
+        why = "" if plan.low_precision else " (%s)" % plan.reason
+        report.write("mxamp tune on %s%s:\n%s\n" % (
+            "a GPU" if device == devices.GPU else "a CPU of class %r" % device, why,
+            format_table(rows)))
+        if not plan.low_precision:
+            report.write("  nothing computes in %s here: keeping float32 compute\n" % target)
+        elif best == 0:
+            report.write("  nothing was faster than float32 here: keeping float32 compute\n")
+    if apply:
+        chosen.apply()
+    return chosen

@@ -1,0 +1,128 @@
+"""The machine probe behind target_dtype='auto': decisions with injected timings on any CPU,
+the cache (per machine, in the user's cache directory), and the real measurement's plumbing."""
+import os
+import time
+from dataclasses import replace
+
+import pytest
+
+from mxamp import amp, cpu, devices, probe
+from mxamp.lists import get_op_lists
+
+pytestmark = pytest.mark.cpu_class
+
+FAST = [("gemm", 10.0, 4.0), ("conv", 10.0, 5.0), ("bn", 2.0, 2.2)]     # Zen 5-like
+SLOW = [("gemm", 10.0, 14.0), ("conv", 10.0, 12.0), ("bn", 2.0, 2.5)]   # SPR without AMX
+
+
+@pytest.fixture
+def injected(monkeypatch, tmp_path):
+    """The probe with timings we choose, a private cache, and a forced 'native' class."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    for name in ("MXAMP_REPROBE", "MXAMP_PROBE_CACHE", "MXAMP_PROBE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(probe, "_kernels_here", lambda: (True, ""))
+    monkeypatch.setattr(cpu, "_CLASSIFIED", replace(cpu.cpu_features(), bf16_class="native",
+                                                    amx_bf16=False))
+    calls = []
+
+    def use(rows):
+        def fake_measure(repeats=3, low="bfloat16"):
+            calls.append(rows)
+            return list(rows)
+        monkeypatch.setattr(probe, "measure", fake_measure)
+    probe.forget()
+    yield use, calls
+    probe.forget()
+    amp.reset()
+
+
+def test_speedup_is_the_geometric_mean_of_kernel_ratios():
+    assert probe.speedup_of(FAST) == pytest.approx((2.5 * 2.0 * (2 / 2.2)) ** (1 / 3), abs=1e-3)
+    assert probe.speedup_of([]) == 0.0
+    assert probe.ProbeResult("k", FAST, probe.speedup_of(FAST)).bf16_pays
+    assert not probe.ProbeResult("k", SLOW, probe.speedup_of(SLOW)).bf16_pays
+    assert not probe.ProbeResult("k", error="no kernel").bf16_pays
+
+
+@pytest.mark.parametrize("rows, want", [(FAST, "bfloat16"), (SLOW, "float32")],
+                         ids=["measured-faster", "measured-slower"])
+def test_auto_follows_the_measurement_not_the_class(injected, rows, want):
+    use, _ = injected
+    use(rows)
+    plan = devices.plan("auto", get_op_lists("bfloat16"), "native")
+    assert plan.compute == want, plan.describe()
+    if want == "float32":
+        assert "measured %.2fx float32" % probe.speedup_of(rows) in plan.reason, plan.reason
+    explicit = devices.plan("bfloat16", get_op_lists("bfloat16"), "native")
+    assert explicit.compute == "bfloat16", "an explicit request is not second-guessed"
+
+
+def test_probe_is_cached_per_machine_and_can_be_refreshed_or_bypassed(injected, monkeypatch):
+    use, calls = injected
+    use(FAST)
+    first = probe.machine_probe()
+    assert not first.cached and len(calls) == 1 and os.path.exists(probe.cache_path())
+    probe.forget()
+    again = probe.machine_probe()
+    assert again.cached and len(calls) == 1, "a later process reads the cache"
+    assert again.rows == first.rows and again.speedup == first.speedup
+    monkeypatch.setenv("MXAMP_REPROBE", "1")
+    assert not probe.machine_probe().cached and len(calls) == 2, "MXAMP_REPROBE=1 measures"
+    monkeypatch.delenv("MXAMP_REPROBE")
+    os.remove(probe.cache_path())
+    probe.forget()
+    monkeypatch.setenv("MXAMP_PROBE_CACHE", "0")
+    probe.machine_probe()
+    assert not os.path.exists(probe.cache_path()), "MXAMP_PROBE_CACHE=0 writes nothing"
+    monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX512_CORE_BF16")
+    assert probe.machine_key() != first.key, "the ISA cap is part of the machine's key"
+
+
+def test_probe_off_leaves_auto_to_the_class(injected, monkeypatch):
+    use, calls = injected
+    use(SLOW)
+    monkeypatch.setenv("MXAMP_PROBE", "0")
+    assert devices.plan("auto", get_op_lists("bfloat16"), "native").compute == "bfloat16"
+    assert not calls, "MXAMP_PROBE=0 measures nothing"
+
+
+def test_a_broken_measurement_means_float32(injected, monkeypatch):
+    def broken(repeats=3, low="bfloat16"):
+        raise RuntimeError("MXNetError: could not create a primitive descriptor iterator")
+    monkeypatch.setattr(probe, "measure", broken)
+    plan = devices.plan("auto", get_op_lists("bfloat16"), "native")
+    assert plan.compute == "float32" and "could not be measured" in plan.reason, plan.reason
+
+
+def test_real_probe_on_this_cpu():
+    """The real measurement: on a class without bfloat16 kernels it is not run (a failed oneDNN
+    primitive could poison the process); its plumbing is timed with float32 against float32."""
+    probe.forget()
+    result = probe.machine_probe()
+    computes, why = probe._kernels_here()
+    if not computes:
+        assert result.error.startswith("not run") and not result.bf16_pays, result
+        assert devices.precision_plan("auto").compute in ("float32", "float16")
+    else:
+        assert not result.error and len(result.rows) == 3, result
+        print("probe here: %s" % result.summary())
+    start = time.perf_counter()
+    rows = probe.measure(repeats=2, low="float32")
+    took = time.perf_counter() - start
+    assert [r[0] for r in rows] == list(probe._workloads()), rows
+    assert all(f > 0 and g > 0 for _, f, g in rows), rows
+    assert took < 5.0, "the probe's workloads took %.2f s; they must stay well under a second " \
+        "on a CPU that computes bfloat16" % took
+    probe.forget()
+
+
+def test_explicit_bfloat16_warns_with_the_measured_ratio_where_it_lost(injected):
+    use, calls = injected
+    use(SLOW)
+    probe.machine_probe()            # measured once (cached); the warning only reads it
+    probe.forget()
+    text = devices.cpu_notice(devices.plan("bfloat16", get_op_lists("bfloat16"), "native"))
+    assert "measured SLOWER than float32 on this machine" in text, text
+    assert "%.2fx" % probe.speedup_of(SLOW) in text and "amp.tune" in text, text
+    assert len(calls) == 1, "the warning never measures"

@@ -1,0 +1,156 @@
+"""amp.tune: per-model choice of precision. Decisions are tested with injected timings (no luck
+involved) on any CPU; a real tune runs on this machine's class and must leave the model's
+numbers untouched and keep float32 where nothing is faster."""
+import io
+import json
+from dataclasses import replace
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from mxamp import amp, cpu, tuning as tune_mod
+from test_conditions import _graph_casts
+
+pytestmark = pytest.mark.cpu_class
+
+
+def _mobile_like():
+    """A stem convolution (3 input channels), a depthwise and a pointwise one, BatchNorm."""
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Conv2D(16, 3, padding=1, in_channels=3), mx.gluon.nn.BatchNorm(),
+            mx.gluon.nn.Activation("relu"),
+            mx.gluon.nn.Conv2D(16, 3, padding=1, groups=16, in_channels=16),
+            mx.gluon.nn.Conv2D(32, 1, in_channels=16), mx.gluon.nn.GlobalAvgPool2D(),
+            mx.gluon.nn.Dense(10, in_units=32))
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    return net
+
+
+X = mx.nd.array(np.random.RandomState(0).rand(4, 3, 16, 16))
+
+
+@pytest.fixture
+def native_with(monkeypatch):
+    """Force class 'native' and inject step times per policy name (nothing runs in bf16)."""
+    monkeypatch.setattr(cpu, "_CLASSIFIED", replace(cpu.cpu_features(), bf16_class="native",
+                                                    amx_bf16=False))
+    monkeypatch.setenv("MXAMP_PROBE", "0")
+    timed = []
+
+    def inject(ms_by_name):
+        def fake(policy, step, steps, profile):
+            timed.append(policy.name)
+            return ms_by_name[policy.name], [["Convolution", 1.0]]
+        monkeypatch.setattr(tune_mod, "_time_policy", fake)
+    yield inject, timed
+    amp.reset()
+
+
+def test_candidates_follow_the_model():
+    names = [p.name for p in tune_mod.candidates(_mobile_like(), X, "bfloat16")]
+    assert names == ["float32", "bfloat16", "bfloat16, stem in float32",
+                     "bfloat16, depthwise in float32", "bfloat16, stem+depthwise in float32",
+                     "bfloat16, BatchNorm in float32"], names
+    plain = mx.gluon.nn.HybridSequential()
+    plain.add(mx.gluon.nn.Dense(8, in_units=4))
+    plain.initialize()
+    assert [p.name for p in tune_mod.candidates(plain, mx.nd.ones((2, 4)), "bfloat16")] == [
+        "float32", "bfloat16"], "a model without convolutions or BatchNorm has two candidates"
+
+
+def test_fastest_policy_wins_and_is_applied(native_with):
+    inject, timed = native_with
+    inject({"float32": 100.0, "bfloat16": 95.0, "bfloat16, stem in float32": 80.0,
+            "bfloat16, depthwise in float32": 90.0, "bfloat16, stem+depthwise in float32": 85.0,
+            "bfloat16, BatchNorm in float32": 120.0})
+    out = io.StringIO()
+    policy = amp.tune(_mobile_like(), X, report=out)
+    assert policy.name == "bfloat16, stem in float32", out.getvalue()
+    assert len(timed) == 6, "every candidate is timed once: %s" % timed
+    assert "<= chosen" in out.getvalue() and "1.25x" in out.getvalue(), out.getvalue()
+    assert amp.is_initialized() and amp.target_dtype() == "bfloat16", "the policy is applied"
+    got, why = amp.precision_of("Convolution", data_shape=(4, 3, 16, 16), kernel=(3, 3))
+    assert got == "float32", "the stem runs in float32 under the tuned policy: %s" % why
+    got, _ = amp.precision_of("Convolution", data_shape=(4, 16, 16, 16), kernel=(1, 1))
+    assert got == "bfloat16", "other convolutions keep bfloat16"
+
+
+def test_nothing_faster_keeps_float32(native_with):
+    inject, _ = native_with
+    inject({"float32": 100.0, "bfloat16": 101.0, "bfloat16, stem in float32": 99.5,
+            "bfloat16, depthwise in float32": 140.0, "bfloat16, stem+depthwise in float32": 130.0,
+            "bfloat16, BatchNorm in float32": 150.0})
+    policy = amp.tune(_mobile_like(), X, report=None)
+    assert policy.name == "float32" and policy.target == "float32", (
+        "0.5% faster is noise (MIN_GAIN %.2f): float32 stays" % tune_mod.MIN_GAIN)
+    assert not amp.is_initialized(), "a float32 policy leaves AMP off"
+    assert policy.init_kwargs() == {}
+
+
+def test_policy_is_data_saved_explained_and_passed_to_init_and_convert(native_with, tmp_path):
+    inject, _ = native_with
+    inject({"float32": 100.0, "bfloat16": 90.0, "bfloat16, stem in float32": 95.0,
+            "bfloat16, depthwise in float32": 92.0, "bfloat16, stem+depthwise in float32": 70.0,
+            "bfloat16, BatchNorm in float32": 99.0})
+    net = _mobile_like()
+    policy = amp.tune(net, X, report=None, apply=False)
+    assert policy.name == "bfloat16, stem+depthwise in float32" and not amp.is_initialized()
+    path = str(tmp_path / "policy.json")
+    policy.save(path)
+    loaded = amp.Policy.load(path)
+    assert loaded == policy, "a saved policy loads back equal"
+    assert json.load(open(path))["conditional_fp32_ops"] == [
+        ["Convolution", "conv_kind", ["stem", "depthwise"]]]
+    text = loaded.explain()
+    assert "Convolution in float32 where conv_kind is stem or depthwise" in text, text
+    amp.init(**loaded.init_kwargs())
+    assert amp.precision_of("Convolution", data_shape=(4, 16, 8, 8), kernel=(3, 3),
+                            num_group=16)[0] == "float32", "depthwise in float32"
+    assert amp.precision_of("Convolution", data_shape=(4, 16, 8, 8), kernel=(1, 1))[0] == \
+        "bfloat16", "pointwise in bfloat16"
+    amp.reset()
+    # the same lists convert the model (its graph is checked; bfloat16 is not run here)
+    lp = amp.convert_hybrid_block(net, example_inputs=X, **loaded.convert_kwargs())
+    casts = _graph_casts(lp(mx.sym.var("data")))
+    convs = [n for n in casts if "conv" in n and n.endswith("fwd")]  # graph order
+    assert [casts[c] for c in convs] == ["float32", "float32", "bfloat16"], (
+        "stem and depthwise in float32, pointwise in bfloat16: %s" % casts)
+
+
+def test_real_tune_on_this_machine_leaves_the_model_untouched():
+    net = _mobile_like()
+    y = mx.nd.array([0, 1, 2, 3])
+    loss = mx.gluon.loss.SoftmaxCrossEntropyLoss()
+    net(X)
+    before = {k: v.data().asnumpy().copy() for k, v in net.collect_params().items()}
+    out = io.StringIO()
+    policy = amp.tune(net, X, loss_fn=lambda o: loss(o, y), report=out)
+    after = {k: v.data().asnumpy() for k, v in net.collect_params().items()}
+    assert all(np.array_equal(before[k], after[k]) for k in before), (
+        "tuning ran forward/backward passes but must restore weights and BatchNorm statistics")
+    rows = policy.table
+    assert rows[0]["name"] == "float32" and all(r["ms"] > 0 for r in rows), rows
+    assert sum(1 for r in rows if r.get("chosen")) == 1
+    assert all(len(r["top_ops"]) == 5 for r in rows), "each row names the 5 costliest ops"
+    print(out.getvalue())
+    features = cpu.cpu_features()
+    if features.bf16_class == "none":
+        assert policy.name == "float32", "on class 'none' nothing computes in bfloat16"
+        assert "nothing computes in bfloat16 here" in out.getvalue(), out.getvalue()
+        assert not amp.is_initialized()
+    else:
+        chosen = next(r for r in rows if r.get("chosen"))
+        assert chosen["ratio"] >= 1.0 or chosen["name"] == "float32", chosen
+    amp.reset()
+
+
+def test_bad_arguments_say_what_is_wrong():
+    with pytest.raises(TypeError, match="tune needs a gluon Block"):
+        amp.tune("resnet", X)
+    with pytest.raises(ValueError, match="example_batch must be an NDArray"):
+        amp.tune(_mobile_like(), np.ones((1, 3, 8, 8)))
+    with pytest.raises(ValueError, match="steps must be at least 1"):
+        amp.tune(_mobile_like(), X, steps=0)
+    assert not amp.is_initialized(), "a refused tune changes nothing"
