@@ -21,7 +21,6 @@ import time
 import types
 
 import mxnet as mx
-from mxnet.gluon import HybridBlock
 
 from . import devices, dtypes, mxnet_private as mxp, opfuncs, wrappers
 from .errors import check_condition_list, check_name_list

@@ -173,7 +173,6 @@ def candidates(net, example, target):
     has_stem = any(c is not None and c <= 4 for _, c in convs)
     has_dw = any(c is not None and c > 1 and str(a.get("num_group", "1")) == str(c)
                  for a, c in convs)
-    conditions = []
     if has_stem:
         out.append(Policy("%s, stem in float32" % target, target,
                           conditional_fp32_ops=[["Convolution", "in_channels", ["<=4"]]]))
@@ -182,9 +181,9 @@ def candidates(net, example, target):
                           conditional_fp32_ops=[["Convolution", "depthwise", ["True"]]]))
     if has_stem and has_dw:
         # one rule per op: the conv_kind word names both
-        conditions = [["Convolution", "conv_kind", ["stem", "depthwise"]]]
         out.append(Policy("%s, stem+depthwise in float32" % target, target,
-                          conditional_fp32_ops=conditions))
+                          conditional_fp32_ops=[["Convolution", "conv_kind",
+                                                 ["stem", "depthwise"]]]))
     if ops & set(_BN_OPS):
         out.append(Policy("%s, BatchNorm in float32" % target, target,
                           extra_fp32_ops=sorted(o for o in _BN_OPS)))

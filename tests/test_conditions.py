@@ -7,7 +7,6 @@ keeps AMX's heap-corrupting 1x1 convolutions in float32 is checked with the clas
 'amx' on any CPU, by the decisions and graphs mxamp builds; shapes that rule sends to float32
 also run here, since they compute in float32 whatever the CPU.
 """
-import json
 from dataclasses import replace
 
 import mxnet as mx
