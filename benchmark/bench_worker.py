@@ -84,10 +84,71 @@ def o2_cast(net, data):
     return cast_model(net, TARGET, example_inputs=data)
 
 
+def _yolo_batch(workload, quick):
+    """GluonCV's YOLOv3 model and one batch of generated VOC-style images with the targets its
+    training transform makes (the loop of example/gluoncv_yolo3.py)."""
+    try:
+        import gluoncv  # noqa: F401
+    except ImportError as err:
+        raise Skip("gluoncv is not installed (pip install -e '.[gluoncv]'): %s" % err)
+    import mxnet as mx
+    from gluoncv import model_zoo
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "example"))
+    from gluoncv_yolo3 import get_dataloader
+    from synthetic_detection import SyntheticVOC
+    shape = workload.quick_shape if quick else workload.data_shape
+    net = model_zoo.get_model(workload.model, pretrained=False, pretrained_base=False)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        net.initialize()
+    loader = get_dataloader(net, SyntheticVOC(num_images=shape[0], size=shape[2], seed=0),
+                            shape[2], shape[0])
+    batch = [b.as_in_context(mx.cpu()) for b in next(iter(loader))]  # off cpu_shared
+    return net, batch[0], [batch[6]] + [batch[i] for i in range(1, 6)]
+
+
+def build_yolo_train_step(workload, mode, quick):
+    """YOLOv3's training step: the network returns its four losses given the targets."""
+    import mxnet as mx
+    from mxnet import autograd, gluon
+    amp = amp_module(mode)
+    if amp is not None and mode != "mxamp_tuned":
+        amp.init(target_dtype=target_of(mode))
+    net, data, targets = _yolo_batch(workload, quick)
+    if mode == "mxamp_o2":
+        net = o2_cast(net, data)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.001,
+                            "momentum": 0.9, "wd": 0.0005}, update_on_kvstore=False)
+    net.hybridize()
+
+    def total(outs):
+        return sum(outs[:4])
+    if mode == "mxamp_tuned":
+        TUNED.update(_tune(amp, net, (data,) + tuple(targets), total, train=True))
+    if amp is not None:
+        amp.init_trainer(trainer)
+
+    def step():
+        with autograd.record():
+            loss = total(net(data, *targets))
+            if amp is not None:
+                with amp.scale_loss(loss, trainer) as scaled:
+                    autograd.backward(scaled)
+            else:
+                loss.backward()
+        trainer.step(data.shape[0])
+        mx.nd.waitall()
+        return float(loss.astype("float32").mean().asscalar())
+    return step
+
+
 def build_train_step(workload, mode, quick):
     """Builds model, trainer and AMP for ``mode``; returns a function running one synced step."""
     import mxnet as mx
     from mxnet import autograd, gluon
+    if workload.model.startswith("yolo3"):
+        return build_yolo_train_step(workload, mode, quick)
     amp = amp_module(mode)
     if amp is not None and mode != "mxamp_tuned":
         amp.init(target_dtype=target_of(mode))  # before the model is built, as users do

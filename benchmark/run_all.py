@@ -30,7 +30,7 @@ INFER_MODES = ("fp32", "reference", "reference_amx", "mxamp", "mxamp_auto", "mxa
 INIT_MODES = ("reference", "mxamp")
 # (timed steps, warmup steps) per workload at full size; --quick uses (2, 1).
 STEPS = {"mlp_train": (10, 3), "resnet18_train": (10, 3), "resnet50_train": (3, 1),
-         "mobilenet_train": (5, 2),
+         "mobilenet_train": (5, 2), "yolo3_train": (5, 2),
          "transformer_train": (5, 2), "resnet18_infer": (10, 3), "resnet50_infer": (6, 2)}
 OVERFLOW_SCRIPT = os.path.join(HERE, "bench_overflow.py")
 

@@ -37,6 +37,8 @@ WORKLOADS = {w.name: w for w in [
              (16, 3, 224, 224), 1000, (2, 3, 64, 64)),
     Workload("mobilenet_train", "MobileNet 1.0 train, batch 4x3x320x320", "train",
              "mobilenet1_0", (4, 3, 320, 320), 1000, (2, 3, 64, 64)),
+    Workload("yolo3_train", "GluonCV YOLOv3-MobileNet1.0 train (generated VOC), batch 4x3x320x320",
+             "train", "yolo3_mobilenet1.0_voc", (4, 3, 320, 320), 20, (2, 3, 160, 160)),
     Workload("transformer_train", "Transformer encoder block train, batch 32x128x512", "train",
              "transformer", (32, 128, 512), 0, (2, 32, 512)),
     Workload("resnet18_infer", "ResNet-18 converted inference, batch 8x3x224x224", "infer",

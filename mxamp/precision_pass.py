@@ -157,12 +157,22 @@ def output_dtypes(sym, **input_dtypes):
             if t is not None}
 
 
-def _node_data_shape(internals, outputs, node_name, known_shapes):
-    """The shape of the first input of node ``node_name``, inferred as far as MXNet can."""
-    first = next((o for o in outputs if o.startswith(node_name + "_")), None)
-    if first is None:
+def node_data_shape(internals, outputs, node_name, known_shapes):
+    """The shape of the first input of node ``node_name`` (``outputs`` are ``internals``'
+    output names), inferred from ``known_shapes`` as far as MXNet can; None if unknown.
+
+    >>> import mxnet as mx
+    >>> conv = mx.sym.Convolution(mx.sym.var('data'), kernel=(3, 3), num_filter=4, name='c')
+    >>> inner = conv.get_internals()
+    >>> node_data_shape(inner, inner.list_outputs(), 'c', {'data': (1, 3, 8, 8)})
+    (1, 3, 8, 8)
+    """
+    # the node's first output: '<name>_output' (or '_output0'...), never a parameter of it
+    # ('<name>_weight' is a variable: it has no children)
+    mine = [o for o in outputs if o.startswith(node_name + "_output")]
+    if not mine:
         return None
-    children = internals[first].get_children()
+    children = internals[mine[0]].get_children()
     if children is None:
         return None
     return symbol_data_shape(children[0], known_shapes)
@@ -197,7 +207,7 @@ def conditional_fp32_nodes(sym, lists, known_shapes=None):
         conds = rules[node["op"]]
         shape = None
         if any(c.needs_shapes() for c in conds):
-            shape = _node_data_shape(internals, outputs, node["name"], known_shapes or {})
+            shape = node_data_shape(internals, outputs, node["name"], known_shapes or {})
         if any(c.holds(attrs, shape) for c in conds):
             found.add(node["name"])
     return found

@@ -35,6 +35,7 @@ from . import devices, dtypes, patching
 from .errors import AmpArgumentError
 from .mxnet_private import ParamView
 from .opfuncs import lists_for
+from .precision_pass import node_data_shape
 
 #: A candidate must beat float32 by this margin to be kept (timing noise on small steps).
 MIN_GAIN = 1.02
@@ -133,33 +134,35 @@ def format_table(rows):
     return "\n".join(lines)
 
 
-def _graph_ops(net, example):
+def _graph_ops(net, example, train=True):
     """(op name, attrs, input channels) of the convolutions and op names of the graph."""
     args = example if isinstance(example, (list, tuple)) else (example,)
     inputs = [mx.sym.var("data%d" % i if len(args) > 1 else "data") for i in range(len(args))]
-    with patching.disabled():
+    mode = mx.autograd.train_mode() if train else mx.autograd.predict_mode()
+    with patching.disabled(), mode:   # the graph of the pass that is timed
         sym = net(*inputs)
     if isinstance(sym, (list, tuple)):
-        sym = mx.sym.Group(list(sym))
+        sym = mx.sym.Group(_flat_symbols(sym))
     shapes = {("data%d" % i if len(args) > 1 else "data"): a.shape for i, a in enumerate(args)}
     nodes = json.loads(sym.tojson())["nodes"]
     internals = sym.get_internals()
-    try:
-        _, out_shapes, _ = internals.infer_shape_partial(**shapes)
-        by_name = dict(zip(internals.list_outputs(), out_shapes))
-    except mx.base.MXNetError:
-        by_name = {}
+    outputs = internals.list_outputs()
     convs = []
     for node in nodes:
         if node["op"] in _CONV_OPS:
-            src = nodes[node["inputs"][0][0]]
-            key = src["name"] if src["op"] == "null" else src["name"] + "_output"
-            shape = by_name.get(key)
+            # each convolution's input alone: the rest of the graph need not infer
+            shape = node_data_shape(internals, outputs, node["name"], shapes)
             convs.append((node.get("attrs", {}), shape[1] if shape and len(shape) > 1 else None))
     return convs, {n["op"] for n in nodes}
 
 
-def candidates(net, example, target):
+def _flat_symbols(value):
+    if isinstance(value, (list, tuple)):
+        return [s for item in value for s in _flat_symbols(item)]
+    return [value] if isinstance(value, mx.sym.Symbol) else []
+
+
+def candidates(net, example, target, train=True):
     """The policies worth timing for this model (float32 first).
 
     >>> net = mx.gluon.nn.HybridSequential()
@@ -168,7 +171,7 @@ def candidates(net, example, target):
     >>> [p.name for p in candidates(net, mx.nd.ones((1, 3, 8, 8)), 'bfloat16')]
     ['float32', 'bfloat16', 'bfloat16, stem in float32', 'bfloat16, BatchNorm in float32']
     """
-    convs, ops = _graph_ops(net, example)
+    convs, ops = _graph_ops(net, example, train)
     out = [Policy("float32", "float32"), Policy(target, target)]
     has_stem = any(c is not None and c <= 4 for _, c in convs)
     has_dw = any(c is not None and c > 1 and str(a.get("num_group", "1")) == str(c)
@@ -290,7 +293,7 @@ def tune(net, example_batch, loss_fn=None, trainer=None, target_dtype="auto", tr
     target = devices.target_for(requested, device)
     # what the target itself computes here ('auto' is what is being decided, by timing)
     plan = devices.plan(target, lists_for(target), device)
-    policies = candidates_ or candidates(net, example_batch, target)
+    policies = candidates_ or candidates(net, example_batch, target, train)
     if not plan.low_precision:
         # nothing can compute in the target here: time the request itself, not its variants
         policies = [p for p in policies if p.name in ("float32", target)]

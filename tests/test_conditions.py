@@ -296,3 +296,18 @@ def test_amx_guard_in_numpy_interface_calls(forced_class):
     assert y.dtype == np.float32 and np.array_equal(y.asnumpy(), want.asnumpy()), (
         "a guarded mx.npx convolution computes float32's values")
     assert amp.precision_of("_npx_convolution", data_shape=FREE, kernel=(1, 1))[0] == "bfloat16"
+
+
+def test_shape_conditions_in_convert_with_symbol_api_names(forced_class):
+    """Symbol-API graphs name parameters after their node ('stem_weight'): the data input
+    is still found, so a shape condition holds where it should."""
+    forced_class("native")
+    x = mx.sym.var("data")
+    stem = mx.sym.Convolution(x, kernel=(3, 3), num_filter=16, name="stem")
+    body = mx.sym.Convolution(stem, kernel=(3, 3), num_filter=16, name="body")
+    from mxamp.precision_pass import conditional_fp32_nodes
+    from mxamp.opfuncs import lists_for
+    lists = lists_for("bfloat16", conditional_fp32_ops=[("Convolution", "in_channels", ["<=4"])])
+    assert conditional_fp32_nodes(body, lists, {"data": (2, 3, 16, 16)}) == {"stem"}
+    assert conditional_fp32_nodes(body, lists, {}) == set(), (
+        "unknown shapes leave a speed rule off")

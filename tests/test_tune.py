@@ -154,3 +154,26 @@ def test_bad_arguments_say_what_is_wrong():
     with pytest.raises(ValueError, match="steps must be at least 1"):
         amp.tune(_mobile_like(), X, steps=0)
     assert not amp.is_initialized(), "a refused tune changes nothing"
+
+
+def test_multi_input_blocks_with_nested_outputs_are_tuned(native_with):
+    """Detectors take targets beside the image in training and return nested losses."""
+    class TwoInputs(mx.gluon.HybridBlock):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
+                self.stem = mx.gluon.nn.Conv2D(8, 3, padding=1, in_channels=3)
+
+        def hybrid_forward(self, F, x, target):
+            y = self.stem(x)
+            return (F.mean(y), (F.mean(F.square(y - F.mean(target))), y))
+
+    inject, timed = native_with
+    inject({"float32": 100.0, "bfloat16": 90.0, "bfloat16, stem in float32": 80.0})
+    net = TwoInputs()
+    net.initialize()
+    net.hybridize()
+    batch = (X, mx.nd.ones((4, 1)))
+    policy = amp.tune(net, batch, loss_fn=lambda outs: outs[0] + outs[1][0], report=None)
+    assert timed == ["float32", "bfloat16", "bfloat16, stem in float32"], timed
+    assert policy.name == "bfloat16, stem in float32"
