@@ -235,6 +235,25 @@ def _step_fn(net, example, loss_fn, train):
     return step
 
 
+def _worth_timing(policy, rows, target):
+    """Whether a variant can still win, from what was timed so far (fewer passes on big models).
+
+    BatchNorm in float32 only where BatchNorm is among the target's 5 costliest ops (its slow
+    backward under AMX); stem+depthwise only where each alone beat the target everywhere."""
+    by_name = {r["name"]: r for r in rows}
+    low = by_name.get(target)
+    if policy.name in ("float32", target) or low is None:
+        return True
+    if policy.extra_fp32_ops:
+        return any("BatchNorm" in name or "batch_norm" in name
+                   for name, _ in low.get("top_ops", []))
+    if policy.name.endswith("stem+depthwise in float32"):
+        singles = [by_name.get("%s, %s in float32" % (target, part))
+                   for part in ("stem", "depthwise")]
+        return all(r is not None and r["ms"] < low["ms"] for r in singles)
+    return True
+
+
 def _time_policy(policy, step, steps, profile):
     """(ms per step, top ops) of ``step`` under ``policy``."""
     policy.apply()
@@ -275,7 +294,10 @@ def tune(net, example_batch, loss_fn=None, trainer=None, target_dtype="auto", tr
     maps the outputs to the loss (default: the outputs themselves); ``train=False`` times
     inference. ``trainer`` is accepted for symmetry with training scripts and left untouched
     (no optimizer step runs). Each candidate costs one warm-up and ``steps`` timed passes;
-    every parameter, gradient and BatchNorm statistic is restored afterwards. Tuning resets
+    every parameter, gradient and BatchNorm statistic is restored afterwards. Variants that
+    cannot win are not timed: BatchNorm in float32 only where BatchNorm is among the target's 5
+    costliest ops, stem+depthwise only where each alone was faster than the target everywhere
+    (``candidates_`` given: every one is timed). Tuning resets
     AMP; with ``apply=True`` the chosen policy is then put in force with ``amp.init`` (float32:
     AMP stays off), with ``apply=False`` AMP is left off.
     The table (policy, ms per step, ratio to float32, the 5 costliest ops) goes to ``report``
@@ -299,14 +321,18 @@ def tune(net, example_batch, loss_fn=None, trainer=None, target_dtype="auto", tr
         policies = [p for p in policies if p.name in ("float32", target)]
     snapshot = _Snapshot(net)
     step = _step_fn(net, example_batch, loss_fn, train)
-    rows = []
+    rows, timed = [], []
     try:
         for policy in policies:
+            if candidates_ is None and not _worth_timing(policy, rows, target):
+                continue
             ms, top = _time_policy(policy, step, steps, profile)
             rows.append({"name": policy.name, "ms": round(ms, 2), "top_ops": top})
+            timed.append(policy)
     finally:
         patching.reset()
         snapshot.restore()
+    policies = timed
     base = rows[0]["ms"]
     for row in rows:
         row["ratio"] = round(base / row["ms"], 3) if row["ms"] else 0.0
