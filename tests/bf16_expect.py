@@ -27,3 +27,29 @@ NO_KERNELS_WARNING = "mxamp: bfloat16 requested, but this CPU has no bfloat16 ke
 def where():
     """A phrase for assertion messages: the class these expectations are for."""
     return "on a CPU of bfloat16 class %r" % CPU_CLASS
+
+
+def check_float32_casts(y):
+    """Cast an operator's output to float32 every way users do, inside ``autograd.record()``,
+    and check the spellings agree and are finite; returns the float32 values.
+
+    On an AVX-512 CPU a bfloat16 oneDNN output is held in a oneDNN layout, where MXNet's own
+    ``astype`` failed ("The size of NDArray doesn't match the requested MKLDNN memory desc");
+    every test that inspects a bfloat16 output goes through here, so that failure shows on
+    every class that has bfloat16 kernels.
+    """
+    import mxnet as mx
+    legacy = y.as_nd_ndarray() if isinstance(y, mx.np.ndarray) else y
+    with mx.autograd.record():
+        spelled = {"astype": legacy.astype("float32"),
+                   "Cast": mx.nd.Cast(legacy, dtype="float32"),
+                   "amp_cast": mx.nd.amp_cast(legacy, dtype="float32")}
+        if isinstance(y, mx.np.ndarray):
+            spelled["np astype"] = y.astype("float32").as_nd_ndarray()
+    values = {name: out.asnumpy() for name, out in spelled.items()}
+    first = values["amp_cast"]
+    assert np.isfinite(first).all(), "non-finite values in a float32 cast of the output"
+    for name, got in values.items():
+        assert got.dtype == np.float32 and np.array_equal(got, first), (
+            "%s of a %s output differs from amp_cast %s" % (name, LOW_NAME, where()))
+    return first

@@ -16,7 +16,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from bf16_expect import BF16_KERNELS, CPU_CLASS, LOW, NO_KERNELS_WARNING, where
+from bf16_expect import (BF16_KERNELS, CPU_CLASS, LOW, NO_KERNELS_WARNING, check_float32_casts,
+                         where)
 from mxamp import amp, devices, dtypes
 from mxamp.lists import get_op_lists
 
@@ -200,11 +201,13 @@ def test_bf16_symbols_and_numpy_interface_do_not_crash(amp_bf16, seed):
     block.hybridize(static_alloc=True)
     out = block(mx.nd.random.uniform(shape=(2, 3, 8, 8)))
     assert out.dtype == LOW and out.shape == (2, 4, 3, 3), "%s %s" % (out.dtype, where())
+    check_float32_casts(out)
     assert np.isfinite(mx.nd.amp_cast(out, dtype="float32").asnumpy()).all()
     x = mx.nd.amp_cast(mx.nd.random.uniform(shape=(2, 3, 6, 6)), dtype=BF16).as_np_ndarray()
     y = mx.npx.activation(mx.npx.pooling(x, kernel=(2, 2), stride=(2, 2), pool_type="max"),
                           act_type="relu")
     assert y.dtype == LOW and isinstance(y, mx.np.ndarray), "%s %s" % (y.dtype, where())
+    check_float32_casts(y)
     y.wait_to_read()
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from mxnet.gluon import nn
 
-from bf16_expect import BF16_KERNELS, LOW_NAME, where
+from bf16_expect import BF16_KERNELS, LOW_NAME, check_float32_casts, where
 from mxamp import amp, dtypes
 from mxamp.o2 import cast_model  # the facade's amp.cast_model
 
@@ -149,6 +149,7 @@ def test_output_dtype_none_keeps_the_target_dtype(seed):
     assert dtype_name(out.dtype) == LOW_NAME, \
         "output_dtype=None must keep the compute dtype (%s %s), got %s" % (LOW_NAME, where(),
                                                                          out.dtype)
+    check_float32_casts(out)
 
 
 def test_excluded_layers_by_object_class_and_name_stay_fp32(seed):

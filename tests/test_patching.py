@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from mxnet import autograd, gluon
 
-from bf16_expect import BF16_KERNELS, LOW, where
+from bf16_expect import BF16_KERNELS, LOW, check_float32_casts, where
 from mxamp import amp, patching
 from mxamp.dtypes import BFLOAT16
 
@@ -37,6 +37,7 @@ def test_bf16_ndarray_op_families(amp_bf16, seed):
     x, w = _nd((4, 8)), _nd((6, 8))
     y = mx.nd.FullyConnected(x, w, no_bias=True, num_hidden=6)
     assert y.dtype == LOW, "FullyConnected gives %s %s, got %s" % (LOW, where(), y.dtype)
+    check_float32_casts(y)
     y = mx.nd.amp_cast(y, dtype=BF16)    # a bfloat16 tensor, whatever the class
     assert mx.nd.relu(y).dtype == BF16, "relu is dtype-neutral: bf16 in, bf16 out"
     assert mx.nd.Flatten(y).dtype == BF16, "Flatten must not force a cast"
@@ -55,13 +56,14 @@ def test_bf16_results_match_fp32(amp_bf16, seed):
     with amp.disabled():
         want = mx.nd.FullyConnected(x, w, b, num_hidden=8)
     assert want.dtype == F32, "ops inside amp.disabled() run in float32"
-    err = np.abs(mx.nd.amp_cast(got, dtype=F32).asnumpy() - want.asnumpy()).max()
+    err = np.abs(check_float32_casts(got) - want.asnumpy()).max()
     assert err < 0.1, "bf16 FullyConnected should match fp32 to bf16 precision, max err %g" % err
 
 
 def test_bf16_ops_without_bf16_cpu_kernel_still_work(amp_bf16, seed):
     y = mx.nd.FullyConnected(_nd((4, 8)), _nd((8, 8)), no_bias=True, num_hidden=8)
     assert y.dtype == LOW
+    check_float32_casts(y)
     y = mx.nd.amp_cast(y, dtype=BF16)
     d = mx.nd.dot(y, y, transpose_b=True)
     assert d.dtype == F32, "bf16 dot has no CPU kernel: it runs in float32"
@@ -207,6 +209,7 @@ def test_hybridized_resnet_block_has_no_cast_ping_pong(amp_bf16, seed):
     net.hybridize()
     out = net(_nd((2, 3, 16, 16)))
     assert out.dtype == LOW, "the last Dense runs in %s %s" % (LOW, where())
+    check_float32_casts(out)
     casts = _cast_nodes(net._cached_graph[1])
     if not BF16_KERNELS:
         assert not casts, "float32 compute %s: the graph must have no cast, got %s" % (where(),
@@ -284,6 +287,7 @@ def test_numpy_interface(amp_bf16, seed):
     w = mx.np.random.uniform(size=(6, 8))
     y = mx.npx.fully_connected(a, w, no_bias=True, num_hidden=6)
     assert y.dtype == LOW, "npx.fully_connected runs in %s %s" % (LOW, where())
+    check_float32_casts(y)
     assert isinstance(y, mx.np.ndarray), "casts keep the numpy array type"
     from mxamp.casting import cast_ndarray
     y = cast_ndarray(y, "bfloat16")                 # a bf16 numpy array on every class
