@@ -259,22 +259,21 @@ def _for_devices(requested, lists, device_names):
     bfloat16; an explicit float16 request on a CPU is left to :func:`_check_device_can_run`."""
     if requested == "float16":
         return lists
-    fp32_ops = set()
+    fp32_ops, conditions = set(), {}
     for device in sorted(set(device_names)):
         plan = devices.plan(requested, lists, device)
         fp32_ops |= plan.fp32_ops
+        for op, conds in plan.fp32_when.items():
+            conditions[op] = conditions.get(op, ()) + tuple(conds)
         devices.warn_once(devices.cpu_notice(plan), stacklevel=4)
         if requested == dtypes.AUTO:
             _LOG.info("mxamp: %s", plan.describe())
         elif plan.fp32_ops:
             _LOG.info("mxamp: no %s kernel on a CPU of class %r, kept in float32: %s",
                       lists.target, device, devices.op_summary(plan.fp32_ops))
-    lists = lists.computing_in_fp32(fp32_ops)
-    conditions = {}
-    for device in sorted(set(device_names)):
-        for op, conds in devices.plan(requested, lists, device).fp32_when.items():
-            conditions[op] = conditions.get(op, ()) + tuple(conds)
-    return lists.with_device_conditions(conditions)
+    # an op another device computes in float32 anyway needs no condition
+    return lists.computing_in_fp32(fp32_ops).with_device_conditions(
+        {op: conds for op, conds in conditions.items() if op not in fp32_ops})
 
 
 def _example_shapes(inputs, example_inputs):

@@ -261,7 +261,8 @@ def cpu_notice(device_plan):
                 "initial: 1x1 convolutions of the shapes that corrupt the heap stay float32 "
                 "(python -m mxamp.lists --explain Convolution), and BatchNorm backward and "
                 "depthwise convolutions run slow kernels (MobileNet training measured 15x slower "
-                "than float32): compare with float32 on your model." % (features.amx_check or "unchecked"))
+                "than float32): compare with float32 on your model."
+                % (features.amx_check or "unchecked"))
     if p.device == "emulated":
         return ("mxamp: this CPU emulates bfloat16 (CPU class 'emulated'%s): bfloat16 runs "
                 "correctly but SLOWER than float32 here (2-5x for GEMMs and convolutions, "

@@ -8,9 +8,7 @@
 (['data'], ['fc_fwd_output'])
 """
 import mxnet as mx
-from mxnet.gluon import SymbolBlock
-
-from mxnet.gluon import HybridBlock
+from mxnet.gluon import HybridBlock, SymbolBlock
 
 from .errors import AmpArgumentError
 from .mxnet_private import BLOCK_CALL_METHOD, BlockView, ParamView

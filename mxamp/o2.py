@@ -127,10 +127,15 @@ def _fp32_compute(block):
 
     @functools.wraps(inner)
     def hybrid_forward(F, *args, **params):
-        params = {k: cast(v, "float32") for k, v in params.items()}
-        return inner(F, *_cast_nested(args, "float32"), **params)
+        return _in_float32(inner, F, args, params)
     block.hybrid_forward = hybrid_forward
     return True
+
+
+def _in_float32(hybrid_forward, F, args, params):
+    """``hybrid_forward`` called with its inputs and parameters cast to float32."""
+    params = {k: cast(v, "float32") for k, v in params.items()}
+    return hybrid_forward(F, *_cast_nested(args, "float32"), **params)
 
 
 def _layer_conditions(block, fp32_when):
@@ -152,9 +157,7 @@ def _fp32_where(block, conditions, target):
         shape = x.shape if isinstance(x, mx.nd.NDArray) else symbol_data_shape(x)
         if not any(c.holds(attrs, shape) for c in conditions):
             return inner(F, x, *args, **params)
-        params = {k: cast(v, "float32") for k, v in params.items()}
-        out = inner(F, *_cast_nested((x,) + args, "float32"), **params)
-        return _cast_nested(out, target)
+        return _cast_nested(_in_float32(inner, F, (x,) + args, params), target)
     block.hybrid_forward = hybrid_forward
 
 

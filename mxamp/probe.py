@@ -156,18 +156,19 @@ def _workloads():
           for name in ("FullyConnected", "Convolution", "BatchNorm", "amp_cast")}
     rng = mx.nd.random.uniform
 
-    def prepare(shapes, dtype):
+    def prepare(shapes, fp32_shapes, dtype):
         arrays = [nd["amp_cast"](rng(-1, 1, shape=s), dtype=to_mx(dtype)) for s in shapes]
-        for a in arrays[:1]:
-            a.attach_grad()
-        return arrays
+        arrays[0].attach_grad()
+        return arrays + [mx.nd.ones(s) for s in fp32_shapes]
 
-    def run(op, shapes, **kwargs):
+    def run(op, shapes, fp32_shapes=(), **kwargs):
+        """One forward+backward of ``op``: inputs of ``shapes`` in the dtype timed, inputs of
+        ``fp32_shapes`` (BatchNorm's gamma, beta and statistics) float32 ones."""
         cache = {}
 
         def step(dtype):
             if dtype not in cache:
-                cache[dtype] = prepare(shapes, dtype)
+                cache[dtype] = prepare(shapes, fp32_shapes, dtype)
             args = cache[dtype]
             with mx.autograd.record():
                 out = op(*args, **kwargs)
@@ -175,33 +176,15 @@ def _workloads():
             args[0].grad.wait_to_read()
         return step
 
-    gamma = [(64,)] * 4
     return {
         "FullyConnected 256x1024->1024": run(nd["FullyConnected"], [(256, 1024), (1024, 1024)],
                                              no_bias=True, num_hidden=1024),
         "Convolution 3x3 8x64x28x28": run(nd["Convolution"], [(8, 64, 28, 28), (64, 64, 3, 3)],
                                           kernel=(3, 3), pad=(1, 1), num_filter=64,
                                           no_bias=True),
-        "BatchNorm 8x64x28x28": _batchnorm(nd, rng, gamma),
+        "BatchNorm 8x64x28x28": run(nd["BatchNorm"], [(8, 64, 28, 28)], [(64,)] * 4,
+                                    fix_gamma=False),
     }
-
-
-def _batchnorm(nd, rng, gamma):
-    import mxnet as mx
-    from .dtypes import to_mx
-    cache = {}
-
-    def step(dtype):
-        if dtype not in cache:
-            x = nd["amp_cast"](rng(-1, 1, shape=(8, 64, 28, 28)), dtype=to_mx(dtype))
-            x.attach_grad()
-            cache[dtype] = [x] + [mx.nd.ones(s) for s in gamma]
-        x, g, b, mean, var = cache[dtype]
-        with mx.autograd.record():
-            out = nd["BatchNorm"](x, g, b, mean, var, fix_gamma=False)
-        out.backward()
-        x.grad.wait_to_read()
-    return step
 
 
 #: Replaceable (tests inject timings): returns rows ``(name, float32 ms, bfloat16 ms)``.

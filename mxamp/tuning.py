@@ -33,6 +33,7 @@ import mxnet as mx
 
 from . import devices, dtypes, patching
 from .errors import AmpArgumentError
+from .lists.conditions import Condition
 from .mxnet_private import ParamView
 from .opfuncs import lists_for
 from .precision_pass import node_data_shape
@@ -135,7 +136,7 @@ def format_table(rows):
 
 
 def _graph_ops(net, example, train=True):
-    """(op name, attrs, input channels) of the convolutions and op names of the graph."""
+    """([(attrs, data shape or None)] of the convolutions, {op names}) of the graph."""
     args = example if isinstance(example, (list, tuple)) else (example,)
     inputs = [mx.sym.var("data%d" % i if len(args) > 1 else "data") for i in range(len(args))]
     mode = mx.autograd.train_mode() if train else mx.autograd.predict_mode()
@@ -152,7 +153,7 @@ def _graph_ops(net, example, train=True):
         if node["op"] in _CONV_OPS:
             # each convolution's input alone: the rest of the graph need not infer
             shape = node_data_shape(internals, outputs, node["name"], shapes)
-            convs.append((node.get("attrs", {}), shape[1] if shape and len(shape) > 1 else None))
+            convs.append((node.get("attrs", {}), shape))
     return convs, {n["op"] for n in nodes}
 
 
@@ -173,15 +174,16 @@ def candidates(net, example, target, train=True):
     """
     convs, ops = _graph_ops(net, example, train)
     out = [Policy("float32", "float32"), Policy(target, target)]
-    has_stem = any(c is not None and c <= 4 for _, c in convs)
-    has_dw = any(c is not None and c > 1 and str(a.get("num_group", "1")) == str(c)
-                 for a, c in convs)
+    # the same tests the conditions apply at run time (mxamp.lists.conditions)
+    stem, depthwise = (Condition((STEM,)), Condition((DEPTHWISE,)))
+    has_stem = any(stem.holds(attrs, shape) for attrs, shape in convs)
+    has_dw = any(depthwise.holds(attrs, shape) for attrs, shape in convs)
     if has_stem:
         out.append(Policy("%s, stem in float32" % target, target,
-                          conditional_fp32_ops=[["Convolution", "in_channels", ["<=4"]]]))
+                          conditional_fp32_ops=[["Convolution"] + list(STEM)]))
     if has_dw:
         out.append(Policy("%s, depthwise in float32" % target, target,
-                          conditional_fp32_ops=[["Convolution", "depthwise", ["True"]]]))
+                          conditional_fp32_ops=[["Convolution"] + list(DEPTHWISE)]))
     if has_stem and has_dw:
         # one rule per op: the conv_kind word names both
         out.append(Policy("%s, stem+depthwise in float32" % target, target,
@@ -189,7 +191,7 @@ def candidates(net, example, target, train=True):
                                                  ["stem", "depthwise"]]]))
     if ops & set(_BN_OPS):
         out.append(Policy("%s, BatchNorm in float32" % target, target,
-                          extra_fp32_ops=sorted(o for o in _BN_OPS)))
+                          extra_fp32_ops=sorted(_BN_OPS)))
     return out
 
 

@@ -108,15 +108,16 @@ def _positional_names(func):
     return code.co_varnames[:code.co_argcount]
 
 
-def _any_holds(conditions, kwargs, data_shape):
-    """True when one of ``conditions`` holds; ``data_shape()`` is asked only if one needs it."""
+def _first_holding(conditions, kwargs, data_shape):
+    """The first of ``conditions`` that holds, or None; ``data_shape()`` is asked only if one
+    needs it."""
     shape = None
     for cond in conditions:
         if shape is None and cond.needs_shapes():
             shape = data_shape() or ()
         if cond.holds(kwargs, shape):
-            return True
-    return False
+            return cond
+    return None
 
 
 def _plan(policy, kwargs, on_cpu, data_shape=lambda: None):
@@ -131,13 +132,13 @@ def _plan(policy, kwargs, on_cpu, data_shape=lambda: None):
         # amp.disabled(): nothing is put into low precision. Dtype-neutral ops (optimizer
         # updates writing `out=`, explicit casts...) are left exactly as without AMP.
         return ("none", None) if cat == "neutral" else ("to", "float32")
-    if policy.cpu_conditions and on_cpu() and _any_holds(policy.cpu_conditions, kwargs,
-                                                         data_shape):
+    if policy.cpu_conditions and on_cpu() and _first_holding(policy.cpu_conditions, kwargs,
+                                                             data_shape):
         # a shape this CPU class must not (or should not) run in low precision
         return "to", "float32"
     if cat == "conditional_fp32":
         # float32 where a condition holds; the op's own list elsewhere
-        cat = "fp32" if _any_holds(policy.conditions, kwargs, data_shape) else policy.base
+        cat = "fp32" if _first_holding(policy.conditions, kwargs, data_shape) else policy.base
     if cat == "low_precision":
         return "to", policy.target
     if cat == "fp32":
@@ -163,15 +164,13 @@ def explain(policy, kwargs, on_cpu, data_shape):
             policy.op_name, where, policy.target)
     if not amp_enabled():
         return "inside amp.disabled()"
-    if policy.cpu_conditions and on_cpu:
-        for cond in policy.cpu_conditions:
-            if cond.holds(kwargs, data_shape):
-                return "%s: %s holds %s: %s" % (policy.op_name, cond.describe(), where,
-                                                cond.reason)
+    cond = _first_holding(policy.cpu_conditions, kwargs, lambda: data_shape) if on_cpu else None
+    if cond is not None:
+        return "%s: %s holds %s: %s" % (policy.op_name, cond.describe(), where, cond.reason)
     if policy.category == "conditional_fp32":
-        for cond in policy.conditions:
-            if cond.holds(kwargs, data_shape):
-                return "%s: its float32 condition %s holds" % (policy.op_name, cond.describe())
+        cond = _first_holding(policy.conditions, kwargs, lambda: data_shape)
+        if cond is not None:
+            return "%s: its float32 condition %s holds" % (policy.op_name, cond.describe())
         return "%s: no float32 condition holds, so its own list decides (%r)" % (
             policy.op_name, policy.base)
     return "%s is in the %r list for %s" % (policy.op_name, policy.category, policy.target)
