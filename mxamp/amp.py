@@ -13,7 +13,7 @@ from .convert import (convert_bucketing_module, convert_hybrid_block, convert_mo
                       convert_symbol)
 from .compare import accuracy_report
 from .cpu import cpu_features
-from .devices import precision_plan
+from .plan import precision_plan
 from .lists import symbol_bf16, symbol_fp16  # noqa: F401  (amp.lists.symbol_fp16, ...)
 from .opfuncs import lists_for
 from .o2 import cast_model
@@ -21,7 +21,8 @@ from .patching import (disabled, init, is_initialized, op_lists, patch_state, pr
                        target_dtype)
 from . import loss_outputs  # noqa: F401  (registers the op that scales loss-output gradients)
 from .trainer import global_norm_and_overflow, init_trainer, loss_scaler, scale_loss, unscale
-from .tuning import Policy, tune
+from .policy import Policy
+from .tuning import tune
 
 __all__ = [
     "init", "init_trainer", "scale_loss", "unscale", "convert_symbol", "convert_model",

@@ -42,12 +42,11 @@ import mxnet as mx
 from mxnet.gluon import HybridBlock
 from mxnet.module import BucketingModule
 
-from . import devices, dtypes
+from . import devices, dtypes, plan
 from .casting import cast, fix_astype
 from .errors import AmpArgumentError, check_name_list
 from .gluon_graph import ConvertedBlock, block_context, trace_graph
 from .mxnet_private import BucketingView, NumpySymbol, ParamView
-from .opfuncs import lists_for
 from .precision_pass import (CAST_OPS, conditional_fp32_nodes, graph_nodes, op_names, param_dtypes,
                              reduce_precision)
 
@@ -57,41 +56,15 @@ _LOG = logging.getLogger(__name__)
 CPU_TARGETS = ("bfloat16",)
 
 
-def resolve_op_lists(target_dtype, target_dtype_ops=None, fp32_ops=None,
-                     conditional_fp32_ops=None, allow_widest_overrides=False):
-    """mxamp's op lists for a target, with the user's overrides applied and checked.
-
-    The same resolver as ``amp.init`` (:func:`mxamp.opfuncs.lists_for`): an alias names its op,
-    and a bad list, an unknown operator or an op in two lists raises
-    :class:`~mxamp.errors.AmpArgumentError`. As in ``mxnet.contrib.amp.convert_symbol``, an op
-    of the widest-type list (``elemwise_add``, ``Concat``, ...) cannot be named in the override
-    lists (an ``AssertionError``) unless ``allow_widest_overrides=True``, mxamp's explicit way to
-    move it.
-
-    >>> resolve_op_lists('bfloat16', fp32_ops=['Convolution']).category('Convolution')
-    'fp32'
-    >>> resolve_op_lists('bfloat16', fp32_ops=['elemwise_add'])
-    Traceback (most recent call last):
-    ...
-    mxamp.errors.AmpArgumentError: fp32_ops names ops of the widest-type list, which convert_* keeps as they are (as mxnet.contrib.amp does): elemwise_add; pass allow_widest_overrides=True to move them
-    """
-    target = dtypes.normalize(target_dtype)
-    if not allow_widest_overrides:
-        widest = lists_for(target).widest
-        named = [("target_dtype_ops", target_dtype_ops), ("fp32_ops", fp32_ops),
-                 ("conditional_fp32_ops", [e[0] for e in conditional_fp32_ops or ()
-                                           if isinstance(e, (list, tuple)) and e])]
-        for what, names in named:
-            if isinstance(names, (list, tuple)):
-                clash = sorted({n for n in names if isinstance(n, str) and n in widest})
-                if clash:
-                    raise AmpArgumentError(
-                        "%s names ops of the widest-type list, which convert_* keeps as they "
-                        "are (as mxnet.contrib.amp does): %s; pass allow_widest_overrides=True "
-                        "to move them" % (what, ", ".join(clash)))
-    return lists_for(target, target_precision_ops=target_dtype_ops,
-                     fp32_ops=fp32_ops, conditional_fp32_ops=conditional_fp32_ops,
-                     low_precision_argument="target_dtype_ops")
+def _plan(target_dtype, where, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+          allow_widest_overrides, policy, default_dtype):
+    """The :class:`~mxamp.plan.Plan` of a conversion for the devices in ``where`` (as
+    ``amp.init`` makes it; the low-precision list is called ``target_dtype_ops`` here, and
+    widest-list ops in the overrides are refused unless ``allow_widest_overrides``)."""
+    return plan.make(target_dtype, where, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+                     policy=policy, default_dtype=default_dtype,
+                     low_precision_argument="target_dtype_ops",
+                     allow_widest_overrides=allow_widest_overrides)
 
 
 def _unlisted_ops(sym, lists):
@@ -145,7 +118,8 @@ def _convert(sym, lists, excluded, data_names, cast_optional_params, fp32_output
 
 def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
                    conditional_fp32_ops=None, excluded_sym_names=None, data_names=None,
-                   cast_optional_params=False, fp32_outputs=True, allow_widest_overrides=False):
+                   cast_optional_params=False, fp32_outputs=True, allow_widest_overrides=False,
+                   policy=None):
     """Return a mixed-precision copy of a float32 Symbol (casts inserted, the input untouched).
 
     Parameters mean what they mean in ``mxnet.contrib.amp.convert_symbol``: the three op lists
@@ -173,12 +147,12 @@ def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=
     if not isinstance(sym, mx.sym.Symbol):
         raise AmpArgumentError("convert_symbol needs an mxnet Symbol, got %s"
                                % type(sym).__name__)
-    requested = dtypes.normalize_request(target_dtype)
-    device = devices.symbol_device()
-    lists = resolve_op_lists(devices.target_for(requested, device), target_dtype_ops, fp32_ops,
-                             conditional_fp32_ops, allow_widest_overrides)
-    if requested == dtypes.AUTO:
-        lists = _for_devices(requested, lists, [device])
+    amp_plan = _plan(target_dtype, [devices.symbol_device()], target_dtype_ops, fp32_ops,
+                     conditional_fp32_ops, allow_widest_overrides, policy, "float16")
+    lists = amp_plan.lists
+    if amp_plan.requested == dtypes.AUTO:   # for this machine; else the graph as requested
+        lists = amp_plan.graph_lists()
+        amp_plan.announce()
     excluded = check_name_list(excluded_sym_names, "excluded_sym_names") or []
     node_names = [n["name"] for n in graph_nodes(sym)]
     _check_excluded(excluded, node_names)
@@ -201,7 +175,8 @@ def _cast_params(params, wanted):
 
 def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dtype_ops=None,
                   fp32_ops=None, conditional_fp32_ops=None, excluded_sym_names=None,
-                  cast_optional_params=False, fp32_outputs=True, allow_widest_overrides=False):
+                  cast_optional_params=False, fp32_outputs=True, allow_widest_overrides=False,
+                  policy=None):
     """Convert a Symbol and its parameters; return ``(symbol, arg_params, aux_params)``.
 
     The returned dicts are new: each parameter is cast to the dtype the converted graph needs
@@ -223,7 +198,8 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
     data_names = [n for n in sym.list_inputs() if n not in arg_params and n not in aux_params]
     converted = convert_symbol(sym, target_dtype, target_dtype_ops, fp32_ops,
                                conditional_fp32_ops, excluded_sym_names, data_names,
-                               cast_optional_params, fp32_outputs, allow_widest_overrides)
+                               cast_optional_params, fp32_outputs, allow_widest_overrides,
+                               policy)
     wanted = param_dtypes(converted)
     return converted, _cast_params(arg_params, wanted), _cast_params(aux_params, wanted)
 
@@ -242,38 +218,11 @@ def _check_device_can_run(lists, converted, contexts):
             % (lists.target, ", ".join(sorted(lp_ops)), lists.target, on_cpu[0], lists.target))
 
 
-def _requested_target(target_dtype, contexts):
-    """``(request, target)``: None means bfloat16 for CPU contexts and float16 for GPUs."""
-    if target_dtype is None:
-        on_cpu = all(dtypes.is_cpu(c) for c in contexts)
-        target = CPU_TARGETS[0] if on_cpu else "float16"
-        return target, target
-    requested = dtypes.normalize_request(target_dtype)
-    device = devices.device_of(contexts[0])
-    return requested, devices.target_for(requested, device)
-
-
-def _for_devices(requested, lists, device_names):
-    """The lists a model running on ``device_names`` needs: ops without a kernel (or without a
-    gain, for 'auto') there compute in float32. Warns once about a CPU that lacks or emulates
-    bfloat16; an explicit float16 request on a CPU is left to :func:`_check_device_can_run`."""
-    if requested == "float16":
-        return lists
-    fp32_ops, conditions = set(), {}
-    for device in sorted(set(device_names)):
-        plan = devices.plan(requested, lists, device)
-        fp32_ops |= plan.fp32_ops
-        for op, conds in plan.fp32_when.items():
-            conditions[op] = conditions.get(op, ()) + tuple(conds)
-        devices.warn_once(devices.cpu_notice(plan), stacklevel=4)
-        if requested == dtypes.AUTO:
-            _LOG.info("mxamp: %s", plan.describe())
-        elif plan.fp32_ops:
-            _LOG.info("mxamp: no %s kernel on a CPU of class %r, kept in float32: %s",
-                      lists.target, device, devices.op_summary(plan.fp32_ops))
-    # an op another device computes in float32 anyway needs no condition
-    return lists.computing_in_fp32(fp32_ops).with_device_conditions(
-        {op: conds for op, conds in conditions.items() if op not in fp32_ops})
+def _default_target(target_dtype, policy, contexts):
+    """``target_dtype=None``: bfloat16 for CPU contexts and float16 for GPUs (or the policy's)."""
+    if target_dtype is not None or policy is not None:
+        return target_dtype
+    return CPU_TARGETS[0] if all(dtypes.is_cpu(c) for c in contexts) else "float16"
 
 
 def _example_shapes(inputs, example_inputs):
@@ -288,7 +237,7 @@ def _example_shapes(inputs, example_inputs):
 def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
                          conditional_fp32_ops=None, excluded_sym_names=None, ctx=None,
                          cast_optional_params=False, example_inputs=None, fp32_outputs=True,
-                         allow_widest_overrides=False):
+                         allow_widest_overrides=False, policy=None):
     """Return a mixed-precision :class:`ConvertedBlock` (a SymbolBlock) made from a HybridBlock.
 
     The block must have been hybridized and run once, or ``example_inputs`` (an NDArray or a
@@ -316,11 +265,12 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
     if ctx is not None and not isinstance(ctx, mx.Context):
         raise AmpArgumentError("ctx must be an mx.Context (e.g. mx.cpu()), got %r" % (ctx,))
     ctx = ctx or block_context(block)
-    requested, target = _requested_target(target_dtype, [ctx])
-    lists = resolve_op_lists(target, target_dtype_ops, fp32_ops, conditional_fp32_ops,
-                             allow_widest_overrides)
+    amp_plan = _plan(_default_target(target_dtype, policy, [ctx]), [devices.device_of(ctx)],
+                     target_dtype_ops, fp32_ops, conditional_fp32_ops, allow_widest_overrides,
+                     policy, None)
     inputs, sym = trace_graph(block, example_inputs)
-    lists = _for_devices(requested, lists, [devices.device_of(ctx)])
+    lists = amp_plan.graph_lists()
+    amp_plan.announce()
     excluded = check_name_list(excluded_sym_names, "excluded_sym_names") or []
     _check_excluded(excluded, [n["name"] for n in graph_nodes(sym)])
     converted = _convert(sym, lists, excluded, [i.name for i in inputs], cast_optional_params,
@@ -344,7 +294,7 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
 def convert_bucketing_module(bucketing_mod, target_dtype=None, target_dtype_ops=None,
                              fp32_ops=None, conditional_fp32_ops=None, excluded_sym_names=None,
                              cast_optional_params=False, fp32_outputs=True,
-                             allow_widest_overrides=False):
+                             allow_widest_overrides=False, policy=None):
     """Convert every bucket of an initialised BucketingModule; return a new BucketingModule.
 
     ``excluded_sym_names`` may name nodes of any bucket (a name must exist in at least one);
@@ -364,10 +314,11 @@ def convert_bucketing_module(bucketing_mod, target_dtype=None, target_dtype_ops=
                            "(mod.bind(...); mod.init_params()) before converting it")
     contexts = view.context
     contexts = list(contexts) if isinstance(contexts, (list, tuple)) else [contexts]
-    requested, target = _requested_target(target_dtype, contexts)
-    lists = resolve_op_lists(target, target_dtype_ops, fp32_ops, conditional_fp32_ops,
-                             allow_widest_overrides)
-    lists = _for_devices(requested, lists, [devices.device_of(c) for c in contexts])
+    amp_plan = _plan(_default_target(target_dtype, policy, contexts),
+                     [devices.device_of(c) for c in contexts], target_dtype_ops, fp32_ops,
+                     conditional_fp32_ops, allow_widest_overrides, policy, None)
+    lists = amp_plan.graph_lists()
+    amp_plan.announce()
     excluded = check_name_list(excluded_sym_names, "excluded_sym_names") or []
     per_bucket = {key: {n["name"] for n in graph_nodes(mod.symbol)}
                   for key, mod in view.buckets.items()}

@@ -1,10 +1,12 @@
-"""What each device computes for a low-precision request: the plan behind every AMP entry point.
+"""What one device computes for a low-precision request: the class rules and the probe's verdict.
 
 MXNet runs an operator in low precision only where it has a kernel for it, and low precision
-only pays where the hardware computes it. :func:`plan` turns a request (``'float16'``,
-``'bfloat16'`` or ``'auto'``) and a device (``'gpu'``, or this CPU's bfloat16 class from
-:mod:`mxamp.cpu`) into a :class:`DevicePlan`: which op lists apply, which ops compute in float32
-there whatever their list says, and whether anything runs in low precision at all.
+only pays where the hardware computes it. :func:`device_plan` turns a request (``'float16'``,
+``'bfloat16'`` or ``'auto'``), its resolved op lists and a device (``'gpu'``, or this CPU's
+bfloat16 class from :mod:`mxamp.cpu`) into a :class:`DevicePlan`: which ops compute in float32
+there whatever their list says, which shapes must (the AMX guard), and whether anything runs in
+low precision at all. :mod:`mxamp.plan` makes one per device a model runs on; entry points read
+them from there.
 
 ============ ========== ======================== ==================== =======================
 request      GPU        CPU ``amx``/``native``   CPU ``emulated``     CPU ``none``
@@ -20,9 +22,9 @@ steps with non-finite gradients, and a model behaves, bit for bit, as in float32
 
 >>> from mxamp import devices
 >>> from mxamp.lists import get_op_lists
->>> devices.plan('bfloat16', get_op_lists('bfloat16'), 'none').compute
+>>> devices.device_plan('bfloat16', get_op_lists('bfloat16'), 'none').compute
 'float32'
->>> devices.plan('auto', get_op_lists('bfloat16'), 'amx').compute
+>>> devices.device_plan('auto', get_op_lists('bfloat16'), 'amx').compute
 'bfloat16'
 """
 import warnings
@@ -32,7 +34,7 @@ from . import dtypes
 from .dtypes import is_cpu
 from .cpu import BF16_CLASSES, NATIVE_CLASSES, cpu_features
 from .errors import AmpArgumentError
-from .opfuncs import gpu_available, lists_for
+from .opfuncs import gpu_available
 from .probe import known_result, machine_probe, probe_enabled
 from .state import STATE
 
@@ -45,7 +47,7 @@ class DevicePlan:
     """What one low-precision request computes on one device.
 
     >>> from mxamp.lists import get_op_lists
-    >>> p = plan('float16', get_op_lists('float16'), 'emulated')
+    >>> p = device_plan('float16', get_op_lists('float16'), 'emulated')
     >>> p.low_precision, 'FullyConnected' in p.fp32_ops
     (False, True)
     """
@@ -69,9 +71,9 @@ class DevicePlan:
         """What runs, in a few words: for tables and reports.
 
         >>> from mxamp.lists import get_op_lists
-        >>> plan('bfloat16', get_op_lists('bfloat16'), 'none').summary()
+        >>> device_plan('bfloat16', get_op_lists('bfloat16'), 'none').summary()
         'bfloat16 requested; float32 compute: this CPU has no bfloat16 kernels'
-        >>> plan('bfloat16', get_op_lists('bfloat16'), 'amx').summary()
+        >>> device_plan('bfloat16', get_op_lists('bfloat16'), 'amx').summary()
         'bfloat16 compute (AMX)'
         """
         if not self.low_precision:
@@ -85,7 +87,7 @@ class DevicePlan:
         """One line for logs: the request, the device and what runs.
 
         >>> from mxamp.lists import get_op_lists
-        >>> plan('auto', get_op_lists('bfloat16'), 'native').describe()
+        >>> device_plan('auto', get_op_lists('bfloat16'), 'native').describe()
         "target_dtype='auto' on a CPU of class 'native': bfloat16 compute (AVX512-BF16)"
         """
         where = "a GPU" if self.device == GPU else "a CPU of class %r" % self.device
@@ -160,12 +162,13 @@ _WHY_FLOAT32 = {
 }
 
 
-def plan(requested, lists, device):
+def device_plan(requested, lists, device, float32_because=""):
     """The :class:`DevicePlan` of ``requested`` with ``lists`` (its target's op lists) on
-    ``device``.
+    ``device``. ``float32_because`` (a tuned policy's choice, say) keeps every low-precision
+    op in float32 there, for that reason.
 
     >>> from mxamp.lists import get_op_lists
-    >>> p = plan('bfloat16', get_op_lists('bfloat16'), 'none')
+    >>> p = device_plan('bfloat16', get_op_lists('bfloat16'), 'none')
     >>> p.compute, sorted(p.fp32_ops)[:3]
     ('float32', ['Activation', 'BatchNorm', 'Convolution'])
     """
@@ -190,6 +193,8 @@ def plan(requested, lists, device):
         elif requested == dtypes.AUTO and amx_idle_here(device):
             fp32_ops |= low
             reason = WHY_AMX_OFF
+    if float32_because:
+        fp32_ops, reason = fp32_ops | low, float32_because
     compute = lists.target if low - fp32_ops else "float32"
     if compute != "float32" and device != "emulated":
         reason = ""
@@ -201,35 +206,23 @@ def plan(requested, lists, device):
                       fp32_ops=fp32_ops, reason=reason, fp32_when=fp32_when)
 
 
-def precision_plan(target_dtype="auto", ctx=None):
-    """What AMP computes for ``target_dtype`` on ``ctx`` (default: a GPU if the process has one,
-    else this CPU), as a :class:`DevicePlan`: nothing is changed, nothing is run.
-
-    >>> p = precision_plan('bfloat16')                        # amp.precision_plan
-    >>> p.compute in ('bfloat16', 'float32'), p.summary().startswith(('bfloat16', 'float'))
-    (True, True)
-    """
-    requested = dtypes.normalize_request(target_dtype)
-    device = symbol_device() if ctx is None else device_of(ctx)
-    return plan(requested, lists_for(target_for(requested, device)), device)
-
-
 # --------------------------------------------------------------------------------- notices
 
 
-def cpu_notice(device_plan):
+def cpu_notice(dplan):
     """The warning a bfloat16 plan on this CPU deserves, or '' (GPU, 'auto', native without
     AMX hardware).
 
     Every speed claim is the one true for the class it names.
 
     >>> from mxamp.lists import get_op_lists
-    >>> 'no bfloat16 kernels' in cpu_notice(plan('bfloat16', get_op_lists('bfloat16'), 'none'))
+    >>> lists = get_op_lists('bfloat16')
+    >>> 'no bfloat16 kernels' in cpu_notice(device_plan('bfloat16', lists, 'none'))
     True
-    >>> cpu_notice(plan('auto', get_op_lists('bfloat16'), 'none'))
+    >>> cpu_notice(device_plan('auto', get_op_lists('bfloat16'), 'none'))
     ''
     """
-    p = device_plan
+    p = dplan
     if p.device == GPU or p.target != "bfloat16" or p.requested == dtypes.AUTO:
         return ""
     why = cpu_features().bf16_reason if p.device == cpu_class() else ""

@@ -29,6 +29,7 @@ import mxnet as mx
 
 from . import __version__, devices, dtypes
 from .cpu import cpu_features, read_cpuinfo
+from .plan import precision_plan
 from .probe import cache_path, machine_probe
 
 # (name, builder) of the two workloads timed: shapes of a transformer FFN and a ResNet stage.
@@ -144,7 +145,7 @@ def collect(timing=True, probe=True, seconds=0.5):
     places = [("cpu", mx.cpu())] + ([("gpu", mx.gpu(0))] if facts["build"]["gpus"] else [])
     for place, ctx in places:
         for target in ("float16", "bfloat16", dtypes.AUTO):
-            plan = devices.precision_plan(target, ctx)
+            plan = precision_plan(target, ctx)
             facts["plans"]["%s/%s" % (place, target)] = {
                 "compute": plan.compute, "summary": plan.summary(),
                 "fp32_ops": devices.op_summary(plan.fp32_ops) if plan.target == "bfloat16"

@@ -47,11 +47,10 @@ import logging
 import mxnet as mx
 from mxnet.gluon import Block, HybridBlock, nn
 
-from . import devices, dtypes
+from . import devices, dtypes, plan
 from .casting import cast, fix_astype
 from .errors import AmpArgumentError
 from .gluon_graph import block_context, hook_block_graphs, symbol_data_shape
-from .opfuncs import lists_for
 from .mxnet_private import BlockView, ParamView
 from .state import STATE
 
@@ -278,16 +277,15 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
             "exclude entries match no layer of the model: %s (layer names: %s)"
             % (", ".join(map(str, unmatched)), ", ".join(b.name for b in blocks[:6])))
     _finish_init(block, example_inputs)
-    device = devices.device_of(block_context(block))
-    target = devices.target_for(requested, device)
-    plan = devices.plan(requested, lists_for(target), device)
-    if requested == dtypes.AUTO and not plan.low_precision:
-        LOG.info("mxamp: cast_model: %s; the model stays float32", plan.describe())
+    amp_plan = plan.make(requested, [devices.device_of(block_context(block))])
+    target, here = amp_plan.target, amp_plan.primary
+    if requested == dtypes.AUTO and not here.low_precision:
+        LOG.info("mxamp: cast_model: %s; the model stays float32", amp_plan.describe())
         return block
     low, islands = _plan(block, target, [b for b in blocks if any(_matches(b, r) for r in exclude)])
     _check_device(block, target, low)
-    devices.warn_once(devices.cpu_notice(plan))
-    compute = target if plan.low_precision else "float32"
+    amp_plan.announce(stacklevel=4)
+    compute = target if here.low_precision else "float32"
     opaque = []
     for lp_block in low:
         float_params = [p for p in BlockView(lp_block).own_params.values()
@@ -296,7 +294,7 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
             _cast_parameter(param, target)
         if float_params and compute == "float32" and not _fp32_compute(lp_block):
             opaque.append(lp_block.name)
-        conditions = _layer_conditions(lp_block, plan.fp32_when)
+        conditions = _layer_conditions(lp_block, here.fp32_when)
         if conditions and compute != "float32" and isinstance(lp_block, HybridBlock):
             _fp32_where(lp_block, conditions, compute)
     for island in islands:

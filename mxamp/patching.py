@@ -22,8 +22,7 @@ import types
 
 import mxnet as mx
 
-from . import devices, dtypes, mxnet_private as mxp, opfuncs, wrappers
-from .errors import check_condition_list, check_name_list
+from . import devices, dtypes, mxnet_private as mxp, opfuncs, plan, wrappers
 from .casting import fix_astype
 from .gluon_graph import hook_block_graphs
 from .lists import get_op_lists
@@ -31,34 +30,6 @@ from .loss_outputs import wrap_loss_output
 from .state import STATE
 
 LOG = logging.getLogger(__name__)
-
-
-def _policies(lists, target, cpu_plan, symbol_plan):
-    """op name -> :class:`~mxamp.wrappers.Policy`, built on first need (ops without a category
-    get None)."""
-    cache = {}
-    unknown_is_fp32 = not symbol_plan.low_precision
-
-    def policy(op_name):
-        found = cache.get(op_name, cache)
-        if found is not cache:
-            return found
-        category = lists.category(op_name)
-        if category is None:
-            cache[op_name] = None
-            return None
-        fp32_on_cpu = op_name in cpu_plan.fp32_ops
-        found = cache[op_name] = wrappers.Policy(
-            category=category, target=target, op_name=op_name,
-            fp32_params=tuple(lists.fp32_params.get(op_name, ())),
-            conditions=lists.conditions(op_name), base=lists.base_category(op_name),
-            cpu_conditions=cpu_plan.fp32_when.get(op_name, ()), fp32_on_cpu=fp32_on_cpu,
-            # float16 GEMMs warn once each when they fall back to float32 on a CPU
-            warn_on_cpu=fp32_on_cpu and target == "float16" and category == "low_precision",
-            # nothing AMP builds can be low precision: a Symbol of unknown dtype is float32
-            unknown_is_fp32=unknown_is_fp32)
-        return found
-    return policy
 
 
 @contextlib.contextmanager
@@ -92,15 +63,14 @@ def prepare():
     mxp.set_reference_initialized(False)
 
 
-def _apply(lists):
-    """Wrap every generated operator function according to ``lists`` and the device plans."""
-    policy_of = _policies(lists, STATE.target, STATE.cpu_plan, STATE.symbol_plan)
+def _apply(amp_plan):
+    """Wrap every generated operator function according to the plan's rule for its op."""
     replaced, categories = STATE.replaced, STATE.categories
-    loss_output, make_wrapper = lists.loss_output, wrappers.make_wrapper
+    loss_output, make_wrapper = amp_plan.lists.loss_output, wrappers.make_wrapper
     for func, op_name, is_symbol, bindings in opfuncs.op_functions():
-        policy = policy_of(op_name)
-        if policy is None or (not is_symbol and policy.category == "neutral"
-                              and not policy.fp32_on_cpu and op_name not in loss_output):
+        rule = amp_plan.rule(op_name)
+        if rule is None or (not is_symbol and rule.category == "neutral"
+                            and not rule.fp32_on_cpu and op_name not in loss_output):
             # an NDArray's dtype is seen at call time: a dtype-neutral op needs no wrapper
             # (Symbols keep theirs, which track the dtype of what they build)
             continue
@@ -109,10 +79,10 @@ def _apply(lists):
             if module.__dict__.get(attr) is not func:
                 continue          # re-bound since import (by the user or another library)
             if wrapped is None:
-                wrapped = make_wrapper(func, policy, is_symbol)
+                wrapped = make_wrapper(func, rule, is_symbol)
                 if op_name in loss_output:
                     wrapped = wrap_loss_output(wrapped, op_name, is_symbol)
-                categories[policy.category] = categories.get(policy.category, 0) + 1
+                categories[rule.category] = categories.get(rule.category, 0) + 1
             setattr(module, attr, wrapped)
             replaced.append((module, attr, func, wrapped))
     _hook_record_scopes()
@@ -145,7 +115,7 @@ def _hook_record_scopes():
 
 
 def init(target_dtype="float16", target_precision_ops=None, conditional_fp32_ops=None,
-         fp32_ops=None):
+         fp32_ops=None, policy=None):
     """Turn on automatic mixed precision: patch MXNet's operators for ``target_dtype``.
 
     Parameters are those of ``mxnet.contrib.amp.init``: ``target_dtype`` is ``'float16'``
@@ -158,7 +128,10 @@ def init(target_dtype="float16", target_precision_ops=None, conditional_fp32_ops
     (``amp.lists.symbol_fp16.FP32_FUNCS``, ...) before ``init`` take effect too. Calling
     ``init`` again with the same arguments does nothing; with different ones it raises
     ``RuntimeError`` (call :func:`reset` first). Hybridized blocks that already built their
-    graph rebuild it on their next call.
+    graph rebuild it on their next call. ``policy`` (mxamp's, not the reference's) is a
+    :class:`~mxamp.policy.Policy` that :func:`mxamp.tuning.tune` chose: its target and op-list
+    additions apply (a float32 policy keeps AMP on with float32 compute). Everything is decided
+    by :func:`mxamp.plan.make`; ``amp.patch_state()`` and ``amp.precision_of`` read its plan.
 
     On a CPU, ops without a kernel for the target compute in float32 with their inputs cast
     (float16 on any CPU; bfloat16 on CPUs of class 'none', see :mod:`mxamp.devices`), and a
@@ -174,13 +147,13 @@ def init(target_dtype="float16", target_precision_ops=None, conditional_fp32_ops
     <class 'numpy.float32'>
     >>> amp.reset()
     """
-    requested = dtypes.normalize_request(target_dtype)
-    target = devices.target_for(requested, devices.GPU if opfuncs.gpu_available()
-                                else devices.cpu_class())
-    arguments = (requested,
-                 _frozen(check_name_list(target_precision_ops, "target_precision_ops")),
-                 _frozen(check_condition_list(conditional_fp32_ops)),
-                 _frozen(check_name_list(fp32_ops, "fp32_ops")))
+    # the plan is made (and every argument checked) before anything changes
+    amp_plan = plan.make(target_dtype, target_precision_ops=target_precision_ops,
+                         fp32_ops=fp32_ops, conditional_fp32_ops=conditional_fp32_ops,
+                         policy=policy, default_dtype="float16")
+    arguments = (amp_plan.requested, _frozen(target_precision_ops),
+                 _frozen(conditional_fp32_ops), _frozen(fp32_ops),
+                 None if policy is None else repr(policy))
     with STATE.lock:
         if STATE.patched:
             if STATE.arguments == arguments:
@@ -188,32 +161,18 @@ def init(target_dtype="float16", target_precision_ops=None, conditional_fp32_ops
             raise RuntimeError(
                 "amp.init was already called with target_dtype=%r%s; a process runs one AMP "
                 "configuration. Call amp.reset() before initialising again."
-                % (STATE.requested, "" if STATE.requested != requested else
-                   " and other op-list overrides"))
+                % (STATE.plan.requested, "" if STATE.plan.requested != amp_plan.requested else
+                   " and other op-list overrides or policy"))
         start = time.perf_counter()
         with _collection_deferred():
-            _init_locked(requested, target, arguments, target_precision_ops, fp32_ops,
-                         conditional_fp32_ops)
+            STATE.plan, STATE.arguments = amp_plan, arguments
+            STATE.generation += 1
+            _apply(amp_plan)
+            mxp.set_reference_initialized(True)
         STATE.init_seconds = time.perf_counter() - start
-    devices.warn_once(devices.cpu_notice(STATE.cpu_plan))
-    if requested == dtypes.AUTO:
-        LOG.info("mxamp: %s", STATE.cpu_plan.describe())
-    LOG.info("mxamp: AMP on, target %s; %d operator functions wrapped in %.1f ms", target,
-             len(STATE.replaced), STATE.init_seconds * 1e3)
-
-
-def _init_locked(requested, target, arguments, target_precision_ops, fp32_ops,
-                 conditional_fp32_ops):
-    """The body of :func:`init`, with the lock held."""
-    lists = opfuncs.lists_for(target, target_precision_ops=target_precision_ops,
-                              fp32_ops=fp32_ops, conditional_fp32_ops=conditional_fp32_ops)
-    STATE.requested, STATE.target, STATE.lists, STATE.arguments = (requested, target, lists,
-                                                                   arguments)
-    STATE.cpu_plan = devices.plan(requested, lists, devices.cpu_class())
-    STATE.symbol_plan = devices.plan(requested, lists, devices.symbol_device())
-    STATE.generation += 1
-    _apply(lists)
-    mxp.set_reference_initialized(True)
+    amp_plan.announce()
+    LOG.info("mxamp: AMP on, target %s; %d operator functions wrapped in %.1f ms",
+             amp_plan.target, len(STATE.replaced), STATE.init_seconds * 1e3)
 
 
 def _frozen(value):
@@ -267,7 +226,7 @@ def op_lists():
     >>> op_lists() is None or op_lists().target in ('float16', 'bfloat16')
     True
     """
-    return STATE.lists
+    return STATE.plan.lists if STATE.plan is not None else None
 
 
 def patch_state():
@@ -282,7 +241,8 @@ def patch_state():
     >>> sorted(patch_state())[:4]
     ['bindings', 'categories', 'cpu_class', 'cpu_compute']
     """
-    replaced, cpu_plan = STATE.replaced, STATE.cpu_plan
+    replaced = STATE.replaced
+    cpu_plan = STATE.plan.cpu if STATE.plan is not None else None
     patched = sorted({owner.__name__ for owner, _, _, _ in replaced
                       if isinstance(owner, types.ModuleType)})
     # every namespace whose operators AMP governs: in mx.nd.image, say, all ops are
@@ -292,7 +252,8 @@ def patch_state():
     return {
         "initialized": STATE.patched,
         "target_dtype": STATE.target,
-        "requested_dtype": STATE.requested,
+        "requested_dtype": STATE.plan.requested if STATE.plan is not None else None,
+        "policy": STATE.plan.policy.name if STATE.plan and STATE.plan.policy else None,
         "cpu_class": devices.cpu_class(),
         "cpu_compute": cpu_plan.compute if cpu_plan else None,
         "cpu_fp32_ops": sorted(cpu_plan.fp32_ops) if cpu_plan else [],
@@ -303,7 +264,7 @@ def patch_state():
         "modules": governed,
         "patched_modules": patched,
         "init_ms": round(STATE.init_seconds * 1e3, 1),
-        "disabled": not wrappers.amp_enabled(),
+        "disabled": not plan.amp_enabled(),
         "tracked_symbols": len(STATE.symbol_dtypes),
         "generation": STATE.generation,
     }
@@ -328,13 +289,7 @@ def precision_of(op_name, data_shape=None, on_cpu=True, **params):
     """
     if not STATE.patched:
         raise RuntimeError("amp.precision_of needs amp.init(...) first: it reads the patch")
-    policy = _policies(STATE.lists, STATE.target, STATE.cpu_plan, STATE.symbol_plan)(op_name)
-    if policy is None:
-        return "input", "%s is in no %s op list: MXNet runs it unchanged" % (op_name, STATE.target)
-    shape = tuple(data_shape) if data_shape is not None else None
-    mode, to = wrappers.decide(policy, params, lambda: on_cpu, lambda: shape)
-    decision = {"to": to, "widest": "widest", "none": "input"}[mode]
-    return decision, wrappers.explain(policy, params, on_cpu, shape)
+    return STATE.plan.precision_of(op_name, data_shape, on_cpu, **params)
 
 
 @contextlib.contextmanager

@@ -41,12 +41,8 @@ class ProcessState:
 
     def _clear_fields(self):
         # the patch amp.init applied
-        self.requested = None         # 'float16', 'bfloat16' or 'auto', as asked
-        self.target = None            # the op lists in force: 'float16' or 'bfloat16'
-        self.lists = None             # mxamp.lists.OpLists with the user's overrides
+        self.plan = None              # mxamp.plan.Plan in force (request, lists, devices)
         self.arguments = None         # amp.init's normalised arguments (re-init check)
-        self.cpu_plan = None          # mxamp.devices.DevicePlan of this CPU
-        self.symbol_plan = None       # the plan graphs are built for
         self.replaced = []            # (owner, attribute, original, replacement)
         self.categories = {}          # category -> number of wrapped functions
         self.init_seconds = 0.0
@@ -61,7 +57,12 @@ class ProcessState:
     @property
     def patched(self):
         """True while ``amp.init``'s patch is applied."""
-        return self.target is not None
+        return self.plan is not None
+
+    @property
+    def target(self):
+        """The op lists in force ('float16' or 'bfloat16'), None before ``amp.init``."""
+        return self.plan.target if self.plan is not None else None
 
     def clear(self):
         """Forget everything but the lock; the next graph built is a new generation.

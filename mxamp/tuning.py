@@ -27,112 +27,25 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 
 import mxnet as mx
 
-from . import devices, dtypes, patching
+from . import devices, dtypes, patching, plan
 from .errors import AmpArgumentError
 from .lists.conditions import Condition
 from .mxnet_private import ParamView
-from .opfuncs import lists_for
+from .policy import FLOAT32, Policy, format_table
 from .precision_pass import node_data_shape
 
 #: A candidate must beat float32 by this margin to be kept (timing noise on small steps).
 MIN_GAIN = 1.02
+#: A candidate whose timed pass is this much slower than the fastest so far gets no more passes.
+RACE_MARGIN = 1.25
 #: Conditions candidates use (``conditional_fp32_ops`` entries, see mxamp.lists.conditions).
 STEM = ("in_channels", ["<=4"])
 DEPTHWISE = ("depthwise", ["True"])
 _CONV_OPS = ("Convolution", "_npx_convolution")
 _BN_OPS = ("BatchNorm", "_npx_batch_norm", "_contrib_BatchNormWithReLU")
-
-
-@dataclass
-class Policy:
-    """What runs in which precision for one model: a target and op-list edits, with the table
-    that chose it.
-
-    >>> p = Policy('bf16, stem in float32', 'bfloat16',
-    ...            conditional_fp32_ops=[['Convolution', 'in_channels', ['<=4']]])
-    >>> ('Convolution', 'in_channels', ['<=4']) in p.init_kwargs()['conditional_fp32_ops']
-    True
-    """
-
-    name: str
-    target: str                          #: 'bfloat16'/'float16', or 'float32' (AMP off)
-    extra_fp32_ops: list = field(default_factory=list)       #: added to the target's fp32 list
-    conditional_fp32_ops: list = field(default_factory=list)  #: (op, condition, values)
-    table: list = field(default_factory=list)  #: rows: name, ms, ratio to float32, top ops
-    device: str = ""                     #: the CPU class or 'gpu' it was tuned on
-
-    def init_kwargs(self):
-        """Keyword arguments for ``amp.init`` (``{}`` for float32: do not call init).
-
-        ``fp32_ops`` and ``conditional_fp32_ops`` replace the target's defaults (as in the
-        reference), so each is the default list plus this policy's additions.
-        """
-        if self.target == "float32":
-            return {}
-        out = {"target_dtype": self.target}
-        if self.extra_fp32_ops:
-            default = set(lists_for(self.target).fp32)
-            out["fp32_ops"] = sorted(default | set(self.extra_fp32_ops))
-        if self.conditional_fp32_ops:
-            base = lists_for(self.target).conditional_fp32
-            entries = {op: (param, list(values)) for op, (param, values) in base.items()}
-            for op, param, values in self.conditional_fp32_ops:
-                entries[op] = (param, list(values))
-            out["conditional_fp32_ops"] = [(op, p, v) for op, (p, v) in sorted(entries.items())]
-        return out
-
-    def convert_kwargs(self):
-        """Keyword arguments for ``amp.convert_*`` (``{}`` for float32: do not convert).
-
-        >>> Policy('bf16', 'bfloat16', ['BatchNorm']).convert_kwargs()['target_dtype']
-        'bfloat16'
-        """
-        return self.init_kwargs()
-
-    def apply(self):
-        """Call ``amp.init`` with this policy (after ``amp.reset()``); nothing for float32."""
-        patching.reset()
-        if self.target != "float32":
-            patching.init(**self.init_kwargs())
-
-    def explain(self):
-        """The policy in words, and the table that chose it."""
-        lines = ["policy %r: %s" % (self.name, "AMP off: float32" if self.target == "float32"
-                                    else "%s, per mxamp's op lists" % self.target)]
-        for op in self.extra_fp32_ops:
-            lines.append("  %s in float32" % op)
-        for op, param, values in self.conditional_fp32_ops:
-            lines.append("  %s in float32 where %s is %s" % (op, param, " or ".join(values)))
-        lines.append(format_table(self.table))
-        return "\n".join(lines)
-
-    def save(self, path):
-        """Write the policy as JSON (beside the model's parameters, say)."""
-        with open(path, "w") as f:
-            json.dump(asdict(self), f, indent=1)
-
-    @classmethod
-    def load(cls, path):
-        """Read a policy :meth:`save` wrote."""
-        with open(path) as f:
-            data = json.load(f)
-        return cls(**data)
-
-
-def format_table(rows):
-    """The tuning table as text: policy, step time, ratio to float32, costliest ops."""
-    if not rows:
-        return "  (no measurements)"
-    lines = ["  %-34s %10s %8s  %s" % ("policy", "ms/step", "vs fp32", "costliest ops (ms)")]
-    for row in rows:
-        ops = ", ".join("%s %.1f" % (name, ms) for name, ms in row.get("top_ops", []))
-        lines.append("  %-34s %10.1f %7.2fx  %s%s" % (row["name"], row["ms"], row["ratio"], ops,
-                                                      "  <= chosen" if row.get("chosen") else ""))
-    return "\n".join(lines)
 
 
 def _graph_ops(net, example, train=True):
@@ -256,25 +169,30 @@ def _worth_timing(policy, rows, target):
     return True
 
 
-def _time_policy(policy, step, steps, profile):
-    """(ms per step, top ops) of ``step`` under ``policy``."""
-    policy.apply()
+def _time_policy(policy, step, steps, profile, give_up_ms=math.inf):
+    """(ms per step, top ops) of ``step`` under ``policy``: one warm-up, then up to ``steps``
+    timed passes, fewer once the best is slower than ``give_up_ms`` (it cannot win)."""
+    patching.reset()
+    if policy.target != FLOAT32:
+        patching.init(policy=policy)
     step()  # warm-up: the graph is rebuilt for this policy, oneDNN primitives are created
     if profile:
         mx.profiler.set_config(profile_all=True, aggregate_stats=True,
                                filename="/dev/null" if sys.platform != "win32" else "nul")
         mx.profiler.set_state("run")
-    best = math.inf
+    best, done = math.inf, 0
     try:
-        for _ in range(steps):
+        while done < steps:
             start = time.perf_counter()
             step()
-            best = min(best, time.perf_counter() - start)
+            best, done = min(best, time.perf_counter() - start), done + 1
+            if best * 1e3 > give_up_ms:
+                break
     finally:
         top = []
         if profile:
             mx.profiler.set_state("stop")
-            top = _top_ops(mx.profiler.dumps(reset=True, format="json"), steps)
+            top = _top_ops(mx.profiler.dumps(reset=True, format="json"), done)
     return best * 1e3, top
 
 
@@ -312,15 +230,20 @@ def tune(net, example_batch, loss_fn=None, trainer=None, target_dtype="auto", tr
         raise AmpArgumentError("example_batch must be an NDArray or a tuple of NDArrays")
     if steps < 1:
         raise AmpArgumentError("steps must be at least 1, got %r" % (steps,))
-    requested = dtypes.normalize_request(target_dtype)
     device = devices.device_of(batch[0].context)
-    target = devices.target_for(requested, device)
     # what the target itself computes here ('auto' is what is being decided, by timing)
-    plan = devices.plan(target, lists_for(target), device)
+    target = plan.target_of(target_dtype, device)
+    here = plan.make(target, [device]).primary
     policies = candidates_ or candidates(net, example_batch, target, train)
-    if not plan.low_precision:
-        # nothing can compute in the target here: time the request itself, not its variants
-        policies = [p for p in policies if p.name in ("float32", target)]
+    if not here.low_precision and candidates_ is None:
+        # nothing can compute in the target here: every candidate is the same float32
+        # computation, so only float32 is timed (for the table and its costliest ops)
+        policies = policies[:1]
+    if any(ParamView(p).data is None for p in net.collect_params().values()):
+        # deferred shapes: one inference pass initialises them (it changes no statistic), so
+        # that the snapshot holds every parameter and BatchNorm statistic the timing changes
+        with patching.disabled(), mx.autograd.predict_mode():
+            net(*batch)
     snapshot = _Snapshot(net)
     step = _step_fn(net, example_batch, loss_fn, train)
     rows, timed = [], []
@@ -328,7 +251,9 @@ def tune(net, example_batch, loss_fn=None, trainer=None, target_dtype="auto", tr
         for policy in policies:
             if candidates_ is None and not _worth_timing(policy, rows, target):
                 continue
-            ms, top = _time_policy(policy, step, steps, profile)
+            fastest = min((r["ms"] for r in rows), default=math.inf)
+            ms, top = _time_policy(policy, step, steps, profile,
+                                   give_up_ms=RACE_MARGIN * fastest)
             rows.append({"name": policy.name, "ms": round(ms, 2), "top_ops": top})
             timed.append(policy)
     finally:
@@ -339,22 +264,28 @@ def tune(net, example_batch, loss_fn=None, trainer=None, target_dtype="auto", tr
     for row in rows:
         row["ratio"] = round(base / row["ms"], 3) if row["ms"] else 0.0
     best = max(range(len(rows)), key=lambda i: rows[i]["ratio"])
-    if rows[best]["ratio"] < MIN_GAIN or not plan.low_precision:
-        # nothing beats float32 by more than the noise, or nothing computes in the target
-        # here (the same float32 computation, timed twice): keep float32 compute
-        best = 0
+    if not here.low_precision:
+        best, why = 0, "nothing computes in %s here (%s)" % (target, here.reason)
+    elif rows[best]["ratio"] < MIN_GAIN:
+        # nothing beats float32 by more than the noise: keep float32 compute
+        runner_up = max((r["ratio"] for r in rows[1:]), default=0.0)
+        best, why = 0, "nothing was faster than float32 for this model (best other: %.2fx)" % (
+            runner_up)
+    else:
+        why = "%.2fx float32's speed for this model, the fastest of %d policies timed" % (
+            rows[best]["ratio"], len(rows))
     rows[best]["chosen"] = True
     chosen = policies[best]
-    chosen.table, chosen.device = rows, device
+    chosen.table, chosen.device, chosen.why = rows, device, why
     if report is not None:
-        why = "" if plan.low_precision else " (%s)" % plan.reason
+        why = "" if here.low_precision else " (%s)" % here.reason
         report.write("mxamp tune on %s%s:\n%s\n" % (
             "a GPU" if device == devices.GPU else "a CPU of class %r" % device, why,
             format_table(rows)))
-        if not plan.low_precision:
+        if not here.low_precision:
             report.write("  nothing computes in %s here: keeping float32 compute\n" % target)
         elif best == 0:
             report.write("  nothing was faster than float32 here: keeping float32 compute\n")
-    if apply:
-        chosen.apply()
+    if apply and chosen.target != FLOAT32:
+        patching.init(policy=chosen)
     return chosen

@@ -1,8 +1,8 @@
 """Wrap one operator function so that it runs in the precision its op list gives it.
 
-``make_wrapper`` reads a :class:`Policy` (what the op lists say about one operator) and returns a
-function with the original's name, doc and signature behaviour that casts the tensor inputs
-before calling the original:
+``make_wrapper`` reads an :class:`~mxamp.plan.OpRule` (what the plan says about one operator)
+and returns a function with the original's name, doc and signature behaviour that casts the
+tensor inputs before calling the original:
 
 * ``low_precision``: float inputs to the target dtype (``fp32_params`` inputs excepted);
 * ``fp32``: low-precision inputs to float32;
@@ -14,6 +14,7 @@ before calling the original:
 A CPU class may add conditions of its own (``cpu_conditions``: shapes whose bfloat16 kernel
 corrupts memory there): where one holds on a CPU the op computes in float32.
 
+Which of these applies to one call is :func:`mxamp.plan.decide`'s answer; this module only casts.
 Ops the CPU's :class:`~mxamp.devices.DevicePlan` computes in float32 (float16 GEMMs on any CPU,
 oneDNN ops on a CPU without bfloat16 kernels) behave as ``fp32`` on CPU arrays, and in Symbols
 when the process has no GPU; float16 GEMMs warn once each. When nothing AMP builds can be low
@@ -24,54 +25,26 @@ for bit (an identity cast still reorders gradient sums). Inside
 ones behaves as ``fp32``.
 
 >>> import mxnet as mx
->>> from mxamp.wrappers import Policy, make_wrapper
->>> relu = make_wrapper(mx.nd.relu, Policy('fp32', 'bfloat16'), is_symbol=False)
+>>> from mxamp.plan import OpRule
+>>> from mxamp.wrappers import make_wrapper
+>>> relu = make_wrapper(mx.nd.relu, OpRule('fp32', 'bfloat16'), is_symbol=False)
 >>> relu(mx.nd.ones((2,), dtype='float16')).dtype
 <class 'numpy.float32'>
 """
 import warnings
-from typing import NamedTuple
 
 from . import dtypes
 from .casting import NDArray, Symbol, array_dtype
 from .mxnet_private import rebuild_symbol
 from .opfuncs import gpu_available
 from .gluon_graph import symbol_data_shape
+from .plan import amp_enabled, decide
 from .state import STATE
 
 _FLOATS = ("float16", "bfloat16", "float32")
 _NOT_INPUTS = ("out", "name", "attr")
 _CAST_OPS = ("Cast", "amp_cast", "_npi_cast")
 _OUTPUT_FOLLOWS_LAST = ("Embedding", "_contrib_SparseEmbedding")
-
-def amp_enabled():
-    """False inside ``amp.disabled()`` on this thread.
-
-    >>> amp_enabled()
-    True
-    """
-    return not STATE.disabled_depth()
-
-
-class Policy(NamedTuple):
-    """What the op lists say about one operator, for one target dtype (immutable; a named
-    tuple because ``amp.init`` makes hundreds).
-
-    >>> Policy('fp32', 'bfloat16', 'softmax').category
-    'fp32'
-    """
-
-    category: str                    # one of mxamp.lists.CATEGORIES
-    target: str                      # 'float16' or 'bfloat16'
-    op_name: str = ""
-    fp32_params: tuple = ()          # input names kept float32 by low-precision ops
-    conditions: tuple = ()           # mxamp.lists.conditions.Condition s of conditional_fp32
-    fp32_on_cpu: bool = False        # computed in float32 on this CPU (no kernel / no gain)
-    warn_on_cpu: bool = False        # warn once when it falls back to float32 on a CPU
-    unknown_is_fp32: bool = False    # Symbols of unknown dtype are float32 (nothing is low)
-    base: str = "neutral"            # a conditional op's category where no condition holds
-    cpu_conditions: tuple = ()       # float32 on this CPU's class where one of these holds
-
 
 def _warn_cpu_fallback(op_name):
     if STATE.first_time(op_name, STATE.warned_ops):
@@ -108,90 +81,30 @@ def _positional_names(func):
     return code.co_varnames[:code.co_argcount]
 
 
-def _first_holding(conditions, kwargs, data_shape):
-    """The first of ``conditions`` that holds, or None; ``data_shape()`` is asked only if one
-    needs it."""
-    shape = None
-    for cond in conditions:
-        if shape is None and cond.needs_shapes():
-            shape = data_shape() or ()
-        if cond.holds(kwargs, shape):
-            return cond
-    return None
-
-
-def _plan(policy, kwargs, on_cpu, data_shape=lambda: None):
-    """Decide ('to', dtype) / ('widest', None) / ('none', None) for one call."""
-    cat = policy.category
-    if policy.fp32_on_cpu and on_cpu():
-        # no kernel for the target on this CPU (or no gain): float32 even inside disabled()
-        if policy.warn_on_cpu and amp_enabled():
-            _warn_cpu_fallback(policy.op_name)
-        return "to", "float32"
-    if not amp_enabled():
-        # amp.disabled(): nothing is put into low precision. Dtype-neutral ops (optimizer
-        # updates writing `out=`, explicit casts...) are left exactly as without AMP.
-        return ("none", None) if cat == "neutral" else ("to", "float32")
-    if policy.cpu_conditions and on_cpu() and _first_holding(policy.cpu_conditions, kwargs,
-                                                             data_shape):
-        # a shape this CPU class must not (or should not) run in low precision
-        return "to", "float32"
-    if cat == "conditional_fp32":
-        # float32 where a condition holds; the op's own list elsewhere
-        cat = "fp32" if _first_holding(policy.conditions, kwargs, data_shape) else policy.base
-    if cat == "low_precision":
-        return "to", policy.target
-    if cat == "fp32":
-        return "to", "float32"
-    if cat == "widest":
-        return "widest", None
-    return "none", None
-
-
-#: The decision of one call: ('to', dtype) / ('widest', None) / ('none', None).
-decide = _plan
-
-
-def explain(policy, kwargs, on_cpu, data_shape):
-    """Why :func:`decide` decided what it did for one call, in words.
-
-    >>> explain(Policy('fp32', 'bfloat16', 'softmax'), {}, True, None)
-    "softmax is in the 'fp32' list for bfloat16"
-    """
-    where = "on this CPU" if on_cpu else "on a GPU"
-    if policy.fp32_on_cpu and on_cpu:
-        return "%s computes in float32 %s (no %s kernel or no gain here)" % (
-            policy.op_name, where, policy.target)
-    if not amp_enabled():
-        return "inside amp.disabled()"
-    cond = _first_holding(policy.cpu_conditions, kwargs, lambda: data_shape) if on_cpu else None
-    if cond is not None:
-        return "%s: %s holds %s: %s" % (policy.op_name, cond.describe(), where, cond.reason)
-    if policy.category == "conditional_fp32":
-        cond = _first_holding(policy.conditions, kwargs, lambda: data_shape)
-        if cond is not None:
-            return "%s: its float32 condition %s holds" % (policy.op_name, cond.describe())
-        return "%s: no float32 condition holds, so its own list decides (%r)" % (
-            policy.op_name, policy.base)
-    return "%s is in the %r list for %s" % (policy.op_name, policy.category, policy.target)
+def _decide(rule, kwargs, on_cpu, data_shape):
+    """:func:`mxamp.plan.decide`, warning once per float16 GEMM that falls back to float32
+    on a CPU."""
+    if rule.warn_on_cpu and on_cpu() and amp_enabled():
+        _warn_cpu_fallback(rule.op_name)
+    return decide(rule, kwargs, on_cpu, data_shape)
 
 
 _NO_SKIP = frozenset()
 
 
-def _skip_names(policy, func):
+def _skip_names(rule, func):
     """Slot keys of inputs a low-precision op keeps in float32."""
-    if not policy.fp32_params:
+    if not rule.fp32_params:
         return _NO_SKIP
     names = _positional_names(func)
-    skip = {("k", n) for n in policy.fp32_params}
-    skip |= {("a", i) for i, n in enumerate(names) if n in policy.fp32_params}
+    skip = {("k", n) for n in rule.fp32_params}
+    skip |= {("a", i) for i, n in enumerate(names) if n in rule.fp32_params}
     return frozenset(skip)
 
 
-def _ndarray_wrapper(func, policy):
-    skip = _skip_names(policy, func)
-    neutral = policy.category == "neutral" and not policy.fp32_on_cpu
+def _ndarray_wrapper(func, rule):
+    skip = _skip_names(rule, func)
+    neutral = rule.category == "neutral" and not rule.fp32_on_cpu
 
     def wrapped(*args, **kwargs):
         if neutral:
@@ -201,7 +114,7 @@ def _ndarray_wrapper(func, policy):
             return func(*args, **kwargs)
         args = list(args)
         first = _get(args, kwargs, slots[0])
-        mode, to = _plan(policy, kwargs, lambda: dtypes.is_cpu(first.context),
+        mode, to = _decide(rule, kwargs, lambda: dtypes.is_cpu(first.context),
                          lambda: first.shape)
         if mode == "to":
             for slot in slots:
@@ -225,8 +138,8 @@ def _ndarray_wrapper(func, policy):
     return wrapped
 
 
-def _symbol_output_dtype(policy, mode, to, in_dtypes, kwargs):
-    if policy.op_name in _CAST_OPS and "dtype" in kwargs:
+def _symbol_output_dtype(rule, mode, to, in_dtypes, kwargs):
+    if rule.op_name in _CAST_OPS and "dtype" in kwargs:
         try:
             return dtypes.name_of(kwargs["dtype"])
         except TypeError:
@@ -239,21 +152,21 @@ def _symbol_output_dtype(policy, mode, to, in_dtypes, kwargs):
         return None if None in in_dtypes else dtypes.widest(set(in_dtypes))
     # A dtype-neutral op returns the dtype of its data input: the first one (BatchNorm's
     # statistics stay float32 while its data is low precision), or Embedding's weight.
-    if policy.op_name in _OUTPUT_FOLLOWS_LAST:
+    if rule.op_name in _OUTPUT_FOLLOWS_LAST:
         return in_dtypes[-1]
     return in_dtypes[0]
 
 
-def _symbol_wrapper(func, policy):
-    skip = _skip_names(policy, func)
+def _symbol_wrapper(func, rule):
+    skip = _skip_names(rule, func)
     table = STATE.symbol_dtypes
 
-    unknown = "float32" if policy.unknown_is_fp32 else None
+    unknown = "float32" if rule.unknown_is_fp32 else None
 
     def wrapped(*args, **kwargs):
         slots = _tensor_slots(args, kwargs, Symbol)
         args = list(args)
-        mode, to = _plan(policy, kwargs, lambda: not gpu_available(),
+        mode, to = _decide(rule, kwargs, lambda: not gpu_available(),
                          lambda: symbol_data_shape(_get(args, kwargs, slots[0]))
                          if slots else None)
         in_dtypes = [table.dtype_of(_get(args, kwargs, s)) or unknown for s in slots]
@@ -277,15 +190,15 @@ def _symbol_wrapper(func, policy):
         out = func(*args, **kwargs)
         if mode == "to" and to != "float32" and slots:
             explicit = {_get(args, kwargs, s).name for s in slots}
-            out = _cast_implicit_inputs(out, explicit, to, policy)
+            out = _cast_implicit_inputs(out, explicit, to, rule)
         if isinstance(out, Symbol):
-            table.record(out, _symbol_output_dtype(policy, mode, to, in_dtypes, kwargs))
+            table.record(out, _symbol_output_dtype(rule, mode, to, in_dtypes, kwargs))
         return out
 
     return wrapped
 
 
-def _cast_implicit_inputs(out, explicit, to, policy):
+def _cast_implicit_inputs(out, explicit, to, rule):
     """Cast inputs MXNet created implicitly (``sym.FullyConnected(x, num_hidden=8)``).
 
     ``explicit`` holds the names of the inputs the caller passed (already cast)."""
@@ -299,7 +212,7 @@ def _cast_implicit_inputs(out, explicit, to, policy):
     for i in range(len(children.list_outputs())):
         child = children[i]
         name = child.name
-        keep = name in aux or any(name.endswith("_" + p) for p in policy.fp32_params)
+        keep = name in aux or any(name.endswith("_" + p) for p in rule.fp32_params)
         if keep or name in explicit:
             inputs.append(child)
         else:
@@ -307,22 +220,24 @@ def _cast_implicit_inputs(out, explicit, to, policy):
     return rebuild_symbol(out, inputs, out.name)
 
 
-def make_wrapper(func, policy, is_symbol):
-    """A function that applies ``policy`` to ``func``'s inputs, then calls ``func``.
+def make_wrapper(func, rule, is_symbol):
+    """A function that applies ``rule`` to ``func``'s inputs, then calls ``func``.
 
     It carries ``func``'s name, qualified name, module and docstring (what ``help()`` and
-    tracebacks show), ``__wrapped__`` (the original) and ``__mxamp_policy__``.
+    tracebacks show), ``__wrapped__`` (the original) and ``__mxamp_rule__``.
     (``functools.wraps`` would also copy ``__dict__``; generated operator functions have none,
     and skipping it keeps ``amp.init`` fast.)
 
     >>> import mxnet as mx
-    >>> w = make_wrapper(mx.sym.softmax, Policy('fp32', 'bfloat16', 'softmax'), is_symbol=True)
+    >>> from mxamp.plan import OpRule
+    >>> w = make_wrapper(mx.sym.softmax, OpRule('fp32', 'bfloat16', 'softmax'),
+    ...                  is_symbol=True)
     >>> w(mx.sym.var('x')).get_children().name.startswith('amp_cast'), w.__name__
     (True, 'softmax')
     """
     build = _symbol_wrapper if is_symbol else _ndarray_wrapper
-    wrapped = build(func, policy)
+    wrapped = build(func, rule)
     wrapped.__name__, wrapped.__qualname__ = func.__name__, func.__qualname__
     wrapped.__module__, wrapped.__doc__ = func.__module__, func.__doc__
-    wrapped.__wrapped__, wrapped.__mxamp_policy__ = func, policy
+    wrapped.__wrapped__, wrapped.__mxamp_rule__ = func, rule
     return wrapped

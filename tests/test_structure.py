@@ -276,5 +276,5 @@ def test_reset_is_safe_under_threads(amp_off):
             t.join()
     assert not errors, errors
     assert not amp.is_initialized() and STATE.disabled_depth() == 0
-    assert not hasattr(mx.nd.FullyConnected, "__mxamp_policy__") and \
-        not hasattr(mx.sym.softmax, "__mxamp_policy__"), "originals restored"
+    assert not hasattr(mx.nd.FullyConnected, "__mxamp_rule__") and \
+        not hasattr(mx.sym.softmax, "__mxamp_rule__"), "originals restored"

@@ -3,6 +3,7 @@ involved) on any CPU; a real tune runs on this machine's class and must leave th
 numbers untouched and keep float32 where nothing is faster."""
 import io
 import json
+import time
 from dataclasses import replace
 
 import mxnet as mx
@@ -40,7 +41,7 @@ def native_with(monkeypatch):
     timed = []
 
     def inject(ms_by_name):
-        def fake(policy, step, steps, profile):
+        def fake(policy, step, steps, profile, **_):
             timed.append(policy.name)
             return ms_by_name[policy.name], [["Convolution", 1.0]]
         monkeypatch.setattr(tune_mod, "_time_policy", fake)
@@ -88,7 +89,7 @@ def test_variants_that_cannot_win_are_not_timed(native_with, monkeypatch):
              "bfloat16, stem+depthwise in float32": 240.0, "bfloat16, BatchNorm in float32": 90.0}
     timed = []
 
-    def fake(policy, step, steps, profile):
+    def fake(policy, step, steps, profile, **_):
         timed.append(policy.name)
         top = [["_backward_BatchNorm", 200.0]] if policy.name == "bfloat16" else []
         return times[policy.name], top
@@ -160,6 +161,9 @@ def test_real_tune_on_this_machine_leaves_the_model_untouched():
     features = cpu.cpu_features()
     if features.bf16_class == "none":
         assert policy.name == "float32", "on class 'none' nothing computes in bfloat16"
+        assert [r["name"] for r in rows] == ["float32"], (
+            "where nothing computes in bfloat16 only float32 is timed (every candidate would be "
+            "the same float32 computation): %s" % rows)
         assert "nothing computes in bfloat16 here" in out.getvalue(), out.getvalue()
         assert not amp.is_initialized()
     else:
@@ -199,3 +203,34 @@ def test_multi_input_blocks_with_nested_outputs_are_tuned(native_with):
     policy = amp.tune(net, batch, loss_fn=lambda outs: outs[0] + outs[1][0], report=None)
     assert timed == ["float32", "bfloat16", "bfloat16, stem in float32"], timed
     assert policy.name == "bfloat16, stem in float32"
+
+
+def test_a_candidate_that_cannot_win_gets_no_more_passes():
+    """Tune's cost: a candidate whose timed pass is RACE_MARGIN slower than the fastest so far
+    stops there (the step sleeps 20 ms; the give-up bound is 1 ms)."""
+    calls = []
+
+    def step():
+        calls.append(1)
+        time.sleep(0.02)
+    fp32 = amp.Policy("float32", "float32")
+    ms, _ = tune_mod._time_policy(fp32, step, 3, False, give_up_ms=1.0)
+    assert len(calls) == 2 and ms >= 20, "one warm-up and one timed pass, then it gives up: %d" % (
+        len(calls))
+    calls.clear()
+    tune_mod._time_policy(fp32, step, 3, False)
+    assert len(calls) == 4, "without a bound: one warm-up and every timed pass"
+
+
+def test_a_model_with_deferred_shapes_keeps_its_batchnorm_statistics():
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Conv2D(8, 3), mx.gluon.nn.BatchNorm(), mx.gluon.nn.Dense(4))
+    net.initialize()
+    net.hybridize()
+    amp.tune(net, X, report=None, apply=False)
+    bn = net[1]
+    assert np.all(bn.running_mean.data().asnumpy() == 0) and \
+        np.all(bn.running_var.data().asnumpy() == 1), (
+            "tuning ran training passes on a model whose shapes were deferred: its BatchNorm "
+            "statistics must be restored to their initial values")
+    assert not amp.is_initialized()
