@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job: builds the environment, then trains LeNet on real MNIST digits in fp32 and
+# The main job: builds the environment, then trains a small ResNet on real MNIST digits in fp32 and
 # with mxamp mixed precision, and prints the comparison table.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

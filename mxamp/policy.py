@@ -8,7 +8,8 @@ force by ``amp.init(policy=...)`` / ``amp.convert_hybrid_block(net, policy=...)`
 through :mod:`mxamp.plan`), or as the reference's op-list arguments (:meth:`Policy.init_kwargs`).
 
 >>> p = Policy('bfloat16, BatchNorm in float32', 'bfloat16', extra_fp32_ops=['BatchNorm'])
->>> print('\n'.join(p.explain().splitlines()[:2]))
+>>> for line in p.explain().splitlines()[:2]:
+...     print(line)
 policy 'bfloat16, BatchNorm in float32': bfloat16, per mxamp's op lists
   BatchNorm in float32
 """
