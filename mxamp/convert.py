@@ -131,6 +131,9 @@ def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=
     the widest-type list in the override lists is an ``AssertionError``, as in the reference,
     unless ``allow_widest_overrides=True``. ``conditional_fp32_ops`` puts the matching nodes
     in float32 and leaves the others in their own list (conditions: :mod:`mxamp.lists.conditions`).
+    ``policy`` (mxamp's) is a :class:`~mxamp.policy.Policy` from :func:`mxamp.tuning.tune`: its
+    target and op-list additions apply, as in ``amp.init(policy=...)``; every ``convert_*``
+    takes it. What runs where is decided by :func:`mxamp.plan.make`, as for ``amp.init``.
 
     The graph is the one requested, whether or not this machine has kernels for it: a model to
     deploy elsewhere (a bfloat16 graph made on a CPU without bfloat16 kernels runs on an

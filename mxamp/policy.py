@@ -126,7 +126,18 @@ def format_table(rows):
         return "  (no measurements)"
     lines = ["  %-34s %10s %8s  %s" % ("policy", "ms/step", "vs fp32", "costliest ops (ms)")]
     for row in rows:
-        ops = ", ".join("%s %.1f" % (name, ms) for name, ms in row.get("top_ops", []))
+        ops = ", ".join("%s %.1f" % (op_label(name), ms) for name, ms in row.get("top_ops", []))
         lines.append("  %-34s %10.1f %7.2fx  %s%s" % (row["name"], row["ms"], row["ratio"], ops,
                                                       "  <= chosen" if row.get("chosen") else ""))
     return "\n".join(lines)
+
+
+def op_label(name):
+    """A profiler entry's name for the table: MXNet's bulk execution (static_alloc graphs)
+    times a segment of ops as one, named by all of them; keep the first and the count.
+
+    >>> op_label('_backward_Convolution,_backward_Activation,add_n')
+    '_backward_Convolution +2 (one bulk segment)'
+    """
+    ops = name.split(",")
+    return name if len(ops) == 1 else "%s +%d (one bulk segment)" % (ops[0], len(ops) - 1)

@@ -41,6 +41,9 @@ from .precision_pass import node_data_shape
 MIN_GAIN = 1.02
 #: A candidate whose timed pass is this much slower than the fastest so far gets no more passes.
 RACE_MARGIN = 1.25
+#: Timed passes of one candidate stop once they add up to this (ResNet-50 on 2 cores: one
+#: pass of ~5 s; consecutive passes differ by ~2% there, within MIN_GAIN).
+ENOUGH_SECONDS = 1.0
 #: Conditions candidates use (``conditional_fp32_ops`` entries, see mxamp.lists.conditions).
 STEM = ("in_channels", ["<=4"])
 DEPTHWISE = ("depthwise", ["True"])
@@ -169,9 +172,11 @@ def _worth_timing(policy, rows, target):
     return True
 
 
-def _time_policy(policy, step, steps, profile, give_up_ms=math.inf):
+def _time_policy(policy, step, steps, profile, give_up_ms=math.inf,
+                 enough_seconds=ENOUGH_SECONDS):
     """(ms per step, top ops) of ``step`` under ``policy``: one warm-up, then up to ``steps``
-    timed passes, fewer once the best is slower than ``give_up_ms`` (it cannot win)."""
+    timed passes, fewer once the best is slower than ``give_up_ms`` (it cannot win) or the
+    timed passes add up to ``enough_seconds`` (a long pass is its own average)."""
     patching.reset()
     if policy.target != FLOAT32:
         patching.init(policy=policy)
@@ -180,13 +185,14 @@ def _time_policy(policy, step, steps, profile, give_up_ms=math.inf):
         mx.profiler.set_config(profile_all=True, aggregate_stats=True,
                                filename="/dev/null" if sys.platform != "win32" else "nul")
         mx.profiler.set_state("run")
-    best, done = math.inf, 0
+    best, done, timed = math.inf, 0, 0.0
     try:
         while done < steps:
             start = time.perf_counter()
             step()
-            best, done = min(best, time.perf_counter() - start), done + 1
-            if best * 1e3 > give_up_ms:
+            took = time.perf_counter() - start
+            best, done, timed = min(best, took), done + 1, timed + took
+            if best * 1e3 > give_up_ms or timed >= enough_seconds:
                 break
     finally:
         top = []
@@ -205,6 +211,7 @@ def _top_ops(dump, steps, count=5):
     return [[name, round(stats["Total"] / max(steps, 1), 2)] for name, stats in ranked]
 
 
+
 def tune(net, example_batch, loss_fn=None, trainer=None, target_dtype="auto", train=True,
          steps=2, candidates_=None, apply=True, profile=True, report=sys.stdout):
     """Time ``net`` under candidate policies and return (and apply) the fastest :class:`Policy`
@@ -213,7 +220,9 @@ def tune(net, example_batch, loss_fn=None, trainer=None, target_dtype="auto", tr
     ``example_batch`` is an NDArray or a tuple of them (one per forward argument); ``loss_fn``
     maps the outputs to the loss (default: the outputs themselves); ``train=False`` times
     inference. ``trainer`` is accepted for symmetry with training scripts and left untouched
-    (no optimizer step runs). Each candidate costs one warm-up and ``steps`` timed passes;
+    (no optimizer step runs). Each candidate costs one warm-up and up to ``steps`` timed passes
+    (one where a pass takes ``ENOUGH_SECONDS`` or more, or is ``RACE_MARGIN`` slower than the
+    fastest so far); where nothing computes in the target, only float32 is timed;
     every parameter, gradient and BatchNorm statistic is restored afterwards. Variants that
     cannot win are not timed: BatchNorm in float32 only where BatchNorm is among the target's 5
     costliest ops, stem+depthwise only where each alone was faster than the target everywhere

@@ -219,7 +219,11 @@ def test_a_candidate_that_cannot_win_gets_no_more_passes():
         len(calls))
     calls.clear()
     tune_mod._time_policy(fp32, step, 3, False)
-    assert len(calls) == 4, "without a bound: one warm-up and every timed pass"
+    assert len(calls) == 4, "60 ms of short passes: one warm-up and every timed pass"
+    calls.clear()
+    tune_mod._time_policy(fp32, step, 3, False, enough_seconds=0.01)
+    assert len(calls) == 2, ("a pass longer than enough_seconds is timed once (ResNet-50's "
+                             "5 s passes): %d calls" % len(calls))
 
 
 def test_a_model_with_deferred_shapes_keeps_its_batchnorm_statistics():
