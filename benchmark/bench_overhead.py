@@ -22,6 +22,8 @@ RESULT line.
 
     python benchmark/bench_overhead.py                      # the 'mxamp' mode (explicit bf16)
     python benchmark/bench_overhead.py --mode mxamp_auto --pairs 8
+    python benchmark/bench_overhead.py --mode mxamp_auto --only resnet50_train --pairs 3 \
+        --alternate 8 --steps 3 --warmup 1
 """
 import argparse
 import json
@@ -142,6 +144,53 @@ def check_share(workload_name, samples=8):
     return statistics.median(checks), statistics.median(steps)
 
 
+def alternating_training(workload_name, mode, rounds):
+    """Ratios AMP/fp32 of training steps alternating in one process: ``amp.init`` (the mode's
+    target) for one step, ``amp.reset()`` for the next, on the same model, trainer and loss
+    scaler (``init_trainer`` + ``scale_loss`` in both), the order swapped every round. Nothing
+    differs but the patch; the machine's phase is shared by both steps of a round."""
+    import time
+    import mxnet as mx
+    from mxnet import autograd, gluon
+    from workloads import WORKLOADS, build_model, make_batch, make_loss
+    from mxamp import amp
+    workload = WORKLOADS[workload_name]
+    net = build_model(workload)
+    net.initialize(mx.init.Xavier(magnitude=2.0), ctx=mx.cpu())
+    net.hybridize()
+    data, label = make_batch(workload)
+    loss_fn = make_loss(workload)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01,
+                                                          "momentum": 0.9},
+                            update_on_kvstore=False)
+    amp.init_trainer(trainer)
+    target = "auto" if mode == "mxamp_auto" else "bfloat16"
+
+    def step():
+        with autograd.record():
+            loss = loss_fn(net(data), label)
+            with amp.scale_loss(loss, trainer) as scaled:
+                autograd.backward(scaled)
+        trainer.step(data.shape[0])
+        mx.nd.waitall()
+    ratios = []
+    for i in range(rounds):
+        took = {}
+        for patched in ((True, False) if i % 2 == 0 else (False, True)):
+            if patched:
+                amp.init(target)
+            step()   # the graph is rebuilt for this generation
+            start = time.perf_counter()
+            step()
+            took[patched] = time.perf_counter() - start
+            if patched:
+                amp.reset()
+        ratios.append(took[True] / took[False])
+        print("%-16s round %d: fp32 %.1f ms, %s %.1f ms, ratio %.3f" % (
+            workload_name, i, took[False] * 1e3, mode, took[True] * 1e3, ratios[-1]), flush=True)
+    return ratios
+
+
 def summary(ratios):
     ordered = sorted(ratios)
     q1, q3 = ordered[len(ordered) // 4], ordered[(3 * len(ordered)) // 4]
@@ -158,6 +207,10 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--infer-pairs", type=int, default=40)
     parser.add_argument("--only", type=lambda s: s.split(","), default=None)
+    parser.add_argument("--alternate", type=int, default=0,
+                        help="also alternate AMP and float32 steps in one process, N rounds "
+                        "per training workload (one model, one trainer; nothing differs but "
+                        "the patch)")
     args = parser.parse_args(argv)
     from mxamp import cpu
     features = cpu.cpu_features()
@@ -170,6 +223,9 @@ def main(argv=None):
         if args.pairs > 0:
             results[workload] = summary(paired_training(workload, args.mode, args.pairs,
                                                         args.steps, args.warmup))
+        if args.alternate > 0:
+            results[workload + " (one process, alternating)"] = summary(
+                alternating_training(workload, args.mode, args.alternate))
     if (not args.only or "resnet18_infer" in args.only) and args.infer_pairs > 0:
         results["resnet18_infer"] = summary(interleaved_inference(args.mode, args.infer_pairs))
     shares = {}
