@@ -165,7 +165,11 @@ class Plan:
 
     @property
     def primary(self):
-        """The plan of the device graphs built now run on (the first one asked for)."""
+        """The plan of the device graphs built now run on (the first one asked for).
+
+        >>> make('auto', ['gpu', 'none']).primary.compute
+        'float16'
+        """
         return self.device_plans[0]
 
     def on(self, device):
@@ -183,7 +187,11 @@ class Plan:
     @property
     def cpu(self):
         """The plan of the CPU it runs on (where NDArray calls on CPU arrays run): the first
-        CPU class asked for, else this CPU's."""
+        CPU class asked for, else this CPU's.
+
+        >>> make('bfloat16', ['gpu', 'amx']).cpu.device
+        'amx'
+        """
         for dplan in self.device_plans:
             if dplan.device != devices.GPU:
                 return dplan
@@ -239,7 +247,10 @@ class Plan:
     def announce(self, what="mxamp", stacklevel=4):
         """Say what runs: one warning per process for a request a device cannot serve well
         (:func:`mxamp.devices.cpu_notice`), and one log line per device for 'auto', a policy,
-        or ops kept in float32 for want of a kernel."""
+        or ops kept in float32 for want of a kernel.
+
+        >>> make('auto', ['none']).announce()      # 'auto' never warns; it logs what it chose
+        """
         for dplan in self.device_plans:
             devices.warn_once(devices.cpu_notice(dplan), stacklevel=stacklevel)
             if self.requested == dtypes.AUTO or self.policy is not None:
