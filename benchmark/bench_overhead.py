@@ -22,6 +22,7 @@ RESULT line.
 
     python benchmark/bench_overhead.py                      # the 'mxamp' mode (explicit bf16)
     python benchmark/bench_overhead.py --mode mxamp_auto --pairs 8
+    python benchmark/bench_overhead.py --mode mxamp_tuned --only mlp_train --pairs 6
     python benchmark/bench_overhead.py --mode mxamp_auto --only resnet50_train --pairs 3 \
         --alternate 8 --steps 3 --warmup 1
 """
@@ -200,7 +201,7 @@ def summary(ratios):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--mode", default="mxamp", choices=["mxamp", "mxamp_auto"])
+    parser.add_argument("--mode", default="mxamp", choices=["mxamp", "mxamp_auto", "mxamp_tuned"])
     parser.add_argument("--pairs", type=int, default=6,
                         help="process pairs per training workload (0: skip them)")
     parser.add_argument("--steps", type=int, default=6, help="timed steps per process")
