@@ -52,7 +52,7 @@ def parse_args(argv=None):
                         "first and trains with the fastest (float32 where nothing is faster)")
     parser.add_argument("--model", choices=sorted(MODELS), default="resnet",
                         help="resnet = a small ResNet (3x3 stem, three residual stages of 32, "
-                        "64 and 128 channels, ~70 MFLOP per image); lenet = LeNet-5 (~5 MFLOP, "
+                        "64 and 128 channels, ~74 MFLOP per image); lenet = LeNet-5 (~4.6 MFLOP, "
                         "dominated by per-op overheads)")
     parser.add_argument("--dtype", choices=["auto", "bfloat16", "float16"], default="auto",
                         help="low-precision type; auto = float16 on a GPU, bfloat16 on a CPU")

@@ -123,8 +123,8 @@ def test_train_mnist_defaults_are_what_ci_train_sh_runs():
 
 
 def test_train_mnist_main_model_is_a_small_resnet():
-    """The main job's model: big enough for bfloat16 kernels to matter (~70 MFLOP per image
-    forward, 14x LeNet's), every shape known up front, 10 logits."""
+    """The main job's model: big enough for bfloat16 kernels to matter (~74 MFLOP per image
+    forward, 16x LeNet's 4.6), every shape known up front, 10 logits."""
     import mxnet as mx
     import train_mnist
     net = train_mnist.build_resnet()
