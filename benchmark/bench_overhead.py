@@ -107,24 +107,32 @@ def interleaved_inference(mode, pairs, quick=False):
     return ratios
 
 
-def check_share(workload_name, samples=8):
-    """(median ms of AMP's overflow check on the workload's gradients, median ms of a plain
-    float32 step), interleaved in one process (AMP not initialised)."""
-    import time
+def _training_setup(workload_name):
+    """``(net, data, label, loss_fn, trainer)`` of a training workload: the float32 model,
+    initialised and hybridized, its seeded batch, and an SGD trainer (no AMP)."""
     import mxnet as mx
-    from mxnet import autograd, gluon
+    from mxnet import gluon
     from workloads import WORKLOADS, build_model, make_batch, make_loss
-    from mxamp.scaler import LossScaler
-    from mxamp.trainer_scaler import TrainerScaler
     workload = WORKLOADS[workload_name]
     net = build_model(workload)
     net.initialize(mx.init.Xavier(magnitude=2.0), ctx=mx.cpu())
     net.hybridize()
     data, label = make_batch(workload)
-    loss_fn = make_loss(workload)
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01,
                                                           "momentum": 0.9},
                             update_on_kvstore=False)
+    return net, data, label, make_loss(workload), trainer
+
+
+def check_share(workload_name, samples=8):
+    """(median ms of AMP's overflow check on the workload's gradients, median ms of a plain
+    float32 step), interleaved in one process (AMP not initialised)."""
+    import time
+    import mxnet as mx
+    from mxnet import autograd
+    from mxamp.scaler import LossScaler
+    from mxamp.trainer_scaler import TrainerScaler
+    net, data, label, loss_fn, trainer = _training_setup(workload_name)
     hook = TrainerScaler(LossScaler(init_scale=1.0, dynamic=False), "bfloat16")
     params = list(net.collect_params().values())
     steps, checks = [], []
@@ -152,18 +160,9 @@ def alternating_training(workload_name, mode, rounds):
     differs but the patch; the machine's phase is shared by both steps of a round."""
     import time
     import mxnet as mx
-    from mxnet import autograd, gluon
-    from workloads import WORKLOADS, build_model, make_batch, make_loss
+    from mxnet import autograd
     from mxamp import amp
-    workload = WORKLOADS[workload_name]
-    net = build_model(workload)
-    net.initialize(mx.init.Xavier(magnitude=2.0), ctx=mx.cpu())
-    net.hybridize()
-    data, label = make_batch(workload)
-    loss_fn = make_loss(workload)
-    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01,
-                                                          "momentum": 0.9},
-                            update_on_kvstore=False)
+    net, data, label, loss_fn, trainer = _training_setup(workload_name)
     amp.init_trainer(trainer)
     target = "auto" if mode == "mxamp_auto" else "bfloat16"
 

@@ -307,24 +307,6 @@ def _request(target_dtype, policy, default_dtype):
     return wanted, policy
 
 
-def _with_policy(target, policy, fp32_ops, conditional_fp32_ops):
-    """The override lists with a policy's additions (defaults where the caller gave none)."""
-    if policy is None or policy.target == FLOAT32:
-        return fp32_ops, conditional_fp32_ops
-    if policy.extra_fp32_ops:
-        base = list(fp32_ops) if fp32_ops is not None else sorted(lists_for(target).fp32)
-        fp32_ops = base + [op for op in policy.extra_fp32_ops if op not in base]
-    if policy.conditional_fp32_ops:
-        if conditional_fp32_ops is None:
-            defaults = lists_for(target).conditional_fp32
-            conditional_fp32_ops = [(op, param, list(values))
-                                    for op, (param, values) in sorted(defaults.items())]
-        tuned = {entry[0] for entry in policy.conditional_fp32_ops}
-        conditional_fp32_ops = [e for e in conditional_fp32_ops if e[0] not in tuned] + \
-            [tuple(e) for e in policy.conditional_fp32_ops]
-    return fp32_ops, conditional_fp32_ops
-
-
 def _float32_because(policy):
     """Why a float32 policy computes in float32 (the reason its device plans give), or ''."""
     if policy is None or policy.target != FLOAT32:
@@ -375,7 +357,8 @@ def make(target_dtype="auto", where=None, target_precision_ops=None, fp32_ops=No
             (low_precision_argument, target_precision_ops), ("fp32_ops", fp32_ops),
             ("conditional_fp32_ops", [e[0] for e in conditional_fp32_ops or ()
                                       if isinstance(e, (list, tuple)) and e])])
-    fp32_ops, conditional_fp32_ops = _with_policy(target, policy, fp32_ops, conditional_fp32_ops)
+    if policy is not None:
+        fp32_ops, conditional_fp32_ops = policy.overrides(fp32_ops, conditional_fp32_ops)
     lists = lists_for(target, target_precision_ops=target_precision_ops, fp32_ops=fp32_ops,
                       conditional_fp32_ops=conditional_fp32_ops,
                       low_precision_argument=low_precision_argument)

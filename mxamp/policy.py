@@ -53,16 +53,39 @@ class Policy:
         if self.target == FLOAT32:
             return {}
         out = {"target_dtype": self.target}
+        fp32_ops, conditional_fp32_ops = self.overrides()
         if self.extra_fp32_ops:
-            default = set(lists_for(self.target).fp32)
-            out["fp32_ops"] = sorted(default | set(self.extra_fp32_ops))
+            out["fp32_ops"] = fp32_ops
         if self.conditional_fp32_ops:
-            base = lists_for(self.target).conditional_fp32
-            entries = {op: (param, list(values)) for op, (param, values) in base.items()}
-            for op, param, values in self.conditional_fp32_ops:
-                entries[op] = (param, list(values))
-            out["conditional_fp32_ops"] = [(op, p, v) for op, (p, v) in sorted(entries.items())]
+            out["conditional_fp32_ops"] = conditional_fp32_ops
         return out
+
+    def overrides(self, fp32_ops=None, conditional_fp32_ops=None):
+        """``(fp32_ops, conditional_fp32_ops)`` that put this policy in force on top of a
+        caller's lists (None: the target's defaults): the float32 list gains the policy's ops,
+        and each of its conditional rules replaces the rules of that op. A float32 policy, or a
+        list the policy does not touch, is returned as given.
+
+        >>> Policy('bf16', 'bfloat16', ['BatchNorm']).overrides(fp32_ops=['softmax'])
+        (['BatchNorm', 'softmax'], None)
+        """
+        if self.target == FLOAT32:
+            return fp32_ops, conditional_fp32_ops
+        if self.extra_fp32_ops:
+            base = lists_for(self.target).fp32 if fp32_ops is None else fp32_ops
+            fp32_ops = sorted(set(base) | set(self.extra_fp32_ops))
+        if self.conditional_fp32_ops:
+            if conditional_fp32_ops is None:
+                conditional_fp32_ops = [
+                    (op, param, list(values))
+                    for op, (param, values) in lists_for(self.target).conditional_fp32.items()]
+            tuned = {entry[0] for entry in self.conditional_fp32_ops}
+            kept = [tuple(e) for e in conditional_fp32_ops if e[0] not in tuned]
+            conditional_fp32_ops = sorted(
+                kept + [(op, param, list(values))
+                        for op, param, values in self.conditional_fp32_ops],
+                key=lambda entry: entry[0])
+        return fp32_ops, conditional_fp32_ops
 
     def convert_kwargs(self):
         """Keyword arguments for ``amp.convert_*`` (``{}`` for float32: do not convert).
