@@ -45,7 +45,7 @@ from mxnet.module import BucketingModule
 from . import devices, dtypes, plan
 from .casting import cast, fix_astype
 from .errors import AmpArgumentError, check_name_list
-from .gluon_graph import ConvertedBlock, block_context, trace_graph
+from .gluon_graph import ConvertedBlock, block_context, recorded_input_shapes, trace_graph
 from .mxnet_private import BucketingView, NumpySymbol, ParamView
 from .precision_pass import (CAST_OPS, conditional_fp32_nodes, graph_nodes, op_names, param_dtypes,
                              reduce_precision)
@@ -237,6 +237,16 @@ def _example_shapes(inputs, example_inputs):
     return {i.name: x.shape for i, x in zip(inputs, example_inputs)}
 
 
+def _say_if_shapes_are_unknown(shapes, amp_plan):
+    """A rule on shapes (the AMX guard) holds where shapes are unknown: say how to give them."""
+    guarded = [d for d in amp_plan.device_plans if d.low_precision and d.fp32_when]
+    if not shapes and guarded:
+        _LOG.warning("mxamp: convert_hybrid_block does not know the input shapes, so every "
+                    "convolution a shape rule of CPU class %r could concern stays float32 (%s). "
+                    "Pass example_inputs=<a batch> to convert only the shapes that need it.",
+                    guarded[0].device, devices.op_summary(guarded[0].fp32_when))
+
+
 def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
                          conditional_fp32_ops=None, excluded_sym_names=None, ctx=None,
                          cast_optional_params=False, example_inputs=None, fp32_outputs=True,
@@ -276,8 +286,10 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
     amp_plan.announce()
     excluded = check_name_list(excluded_sym_names, "excluded_sym_names") or []
     _check_excluded(excluded, [n["name"] for n in graph_nodes(sym)])
+    shapes = _example_shapes(inputs, example_inputs) or recorded_input_shapes(block)
+    _say_if_shapes_are_unknown(shapes, amp_plan)
     converted = _convert(sym, lists, excluded, [i.name for i in inputs], cast_optional_params,
-                         fp32_outputs, _example_shapes(inputs, example_inputs))
+                         fp32_outputs, shapes)
     _check_device_can_run(lists, converted, [ctx])
     # Typed input variables spare SymbolBlock a "cannot decide type" warning.
     typed_inputs = [mx.sym.var(i.name, dtype="float32") for i in inputs]

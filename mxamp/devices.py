@@ -24,7 +24,7 @@ steps with non-finite gradients, and a model behaves, bit for bit, as in float32
 >>> from mxamp.lists import get_op_lists
 >>> devices.device_plan('bfloat16', get_op_lists('bfloat16'), 'none').compute
 'float32'
->>> devices.device_plan('auto', get_op_lists('bfloat16'), 'amx').compute
+>>> devices.device_plan('bfloat16', get_op_lists('bfloat16'), 'amx').compute
 'bfloat16'
 """
 import warnings
@@ -35,7 +35,7 @@ from .dtypes import is_cpu
 from .cpu import BF16_CLASSES, NATIVE_CLASSES, cpu_features
 from .errors import AmpArgumentError
 from .opfuncs import gpu_available
-from .probe import known_result, machine_probe, probe_enabled
+from .probe import MIN_SPEEDUP, known_result, machine_probe, probe_enabled
 from .state import STATE
 
 #: The device name of CUDA GPUs (CPUs are named by their bfloat16 class).
@@ -87,8 +87,8 @@ class DevicePlan:
         """One line for logs: the request, the device and what runs.
 
         >>> from mxamp.lists import get_op_lists
-        >>> device_plan('auto', get_op_lists('bfloat16'), 'native').describe()
-        "target_dtype='auto' on a CPU of class 'native': bfloat16 compute (AVX512-BF16)"
+        >>> device_plan('bfloat16', get_op_lists('bfloat16'), 'native').describe()
+        "target_dtype='bfloat16' on a CPU of class 'native': bfloat16 compute (AVX512-BF16)"
         """
         where = "a GPU" if self.device == GPU else "a CPU of class %r" % self.device
         what = self.summary()
@@ -245,9 +245,11 @@ def cpu_notice(dplan):
     measured = known_result() if p.device in NATIVE_CLASSES and p.device == cpu_class() \
         else None
     if measured is not None and not measured.error and not measured.bf16_pays:
-        return ("mxamp: bfloat16 was measured SLOWER than float32 on this machine: %s. "
+        verdict = "SLOWER than float32" if measured.speedup < 1.0 else (
+            "no faster than float32 (below the %.1fx 'auto' asks for)" % MIN_SPEEDUP)
+        return ("mxamp: bfloat16 was measured %s on this machine: %s. "
                 "target_dtype='auto' computes in float32 here; amp.tune(net, batch) finds "
-                "whether some layers still gain." % measured.summary())
+                "whether some layers still gain." % (verdict, measured.summary()))
     if p.device == "amx":
         features = cpu_features()
         return ("mxamp: bfloat16 on AMX tiles (in effect: %s). oneDNN 2.4's AMX support is "

@@ -117,6 +117,17 @@ def symbol_data_shape(sym, known=None):
 
 
 _GENERATION_ATTR = "_mxamp_generation"
+_INPUT_SHAPES_ATTR = "_mxamp_input_shapes"
+
+
+def recorded_input_shapes(block):
+    """The input shapes a hybridized block last built its graph with while mxamp's block hook
+    was installed (:func:`hook_block_graphs`), else {}.
+
+    >>> recorded_input_shapes(mx.gluon.nn.Dense(2))
+    {}
+    """
+    return dict(block.__dict__.get(_INPUT_SHAPES_ATTR) or {})
 
 
 def hook_block_graphs():
@@ -147,6 +158,8 @@ def hook_block_graphs():
             local = STATE.thread_local()
             outer = getattr(local, "graph_input_shapes", None)
             local.graph_input_shapes = graph_input_shapes(args)
+            # kept for convert_hybrid_block: the AMX guard needs shapes (unknown holds)
+            block.__dict__[_INPUT_SHAPES_ATTR] = local.graph_input_shapes
             try:
                 return original(block, *args)
             finally:

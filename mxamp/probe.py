@@ -3,9 +3,15 @@
 CPU flags do not say it. The same ``native`` class computes bfloat16 at ~2x float32 on an AMD
 Zen 5 and at 0.68-0.90x on a Sapphire Rapids without AMX (NOTES.md §2, §2b). So before
 ``target_dtype='auto'`` picks bfloat16 on a CPU whose class computes it, mxamp times three
-training-shaped kernels, forward and backward, in float32 and in bfloat16: a FullyConnected,
-a 3x3 Convolution and a BatchNorm (about 0.2-0.5 s once). ``auto`` picks bfloat16 when the
-geometric mean of their float32/bfloat16 time ratios is at least :data:`MIN_SPEEDUP`.
+training-shaped workloads, forward and backward, in float32 and in bfloat16: a FullyConnected,
+a 3x3 Convolution, and a 3x3 Convolution followed by BatchNorm and ReLU (about 0.2-0.5 s once).
+``auto`` picks bfloat16 when the geometric mean of their float32/bfloat16 time ratios is at
+least :data:`MIN_SPEEDUP`.
+
+BatchNorm is timed after a convolution, as models run it: on its own, on a plain (NCHW) input,
+oneDNN runs a generic kernel (``ncsp_bnorm:any``) that no convolutional model reaches, and an
+AMD EPYC Zen 4 measured it at 0.35x float32 while the convolution and BatchNorm together ran
+1.86x (probe version 1 then kept that CPU in float32).
 
 The result is cached per machine (CPU model and vector flags, ``DNNL_MAX_CPU_ISA``, whether AMX
 is in effect, threads, MXNet and mxamp versions) in ``$XDG_CACHE_HOME/mxamp/probe.json`` (else
@@ -31,7 +37,7 @@ _LOG = logging.getLogger(__name__)
 #: bfloat16 must be at least this much faster (geometric mean of the kernels) for 'auto'.
 MIN_SPEEDUP = 1.1
 #: Bump when the workloads change: older cache entries are then ignored.
-PROBE_VERSION = 1
+PROBE_VERSION = 2
 _FILE = "probe.json"
 
 
@@ -153,7 +159,7 @@ def _workloads():
     import mxnet as mx
     from .dtypes import to_mx
     nd = {name: getattr(getattr(mx.nd, name), "__wrapped__", getattr(mx.nd, name))
-          for name in ("FullyConnected", "Convolution", "BatchNorm", "amp_cast")}
+          for name in ("FullyConnected", "Convolution", "BatchNorm", "Activation", "amp_cast")}
     rng = mx.nd.random.uniform
 
     def prepare(shapes, fp32_shapes, dtype):
@@ -176,14 +182,19 @@ def _workloads():
             args[0].grad.wait_to_read()
         return step
 
+    def conv_bn_relu(x, weight, gamma, beta, mean, var):
+        y = nd["Convolution"](x, weight, kernel=(3, 3), pad=(1, 1), num_filter=64, no_bias=True)
+        y = nd["BatchNorm"](y, gamma, beta, mean, var, fix_gamma=False)
+        return nd["Activation"](y, act_type="relu")
+
     return {
         "FullyConnected 256x1024->1024": run(nd["FullyConnected"], [(256, 1024), (1024, 1024)],
                                              no_bias=True, num_hidden=1024),
         "Convolution 3x3 8x64x28x28": run(nd["Convolution"], [(8, 64, 28, 28), (64, 64, 3, 3)],
                                           kernel=(3, 3), pad=(1, 1), num_filter=64,
                                           no_bias=True),
-        "BatchNorm 8x64x28x28": run(nd["BatchNorm"], [(8, 64, 28, 28)], [(64,)] * 4,
-                                    fix_gamma=False),
+        "Convolution 3x3+BatchNorm+ReLU 8x64x28x28": run(
+            conv_bn_relu, [(8, 64, 28, 28), (64, 64, 3, 3)], [(64,)] * 4),
     }
 
 
@@ -246,14 +257,19 @@ def machine_probe(refresh=False):
 
 def known_result():
     """The probe's result if this process or the cache already has it, else None (never
-    measures: for messages that must not cost an amp.init half a second).
+    measures: for messages that must not cost an amp.init half a second). None as well when
+    ``MXAMP_PROBE=0``: then no measurement counts, not even one made earlier.
 
-    >>> known_result() is None or isinstance(known_result(), ProbeResult)
+    >>> import os
+    >>> os.environ['MXAMP_PROBE'] = '0'; known_result() is None   # the probe is off
     True
+    >>> del os.environ['MXAMP_PROBE']
     """
+    if not probe_enabled():
+        return None
     if _RESULT is not None:
         return _RESULT
-    if not probe_enabled() or not _env_on("MXAMP_PROBE_CACHE", "1"):
+    if not _env_on("MXAMP_PROBE_CACHE", "1"):
         return None
     return _read_cache(machine_key())
 

@@ -73,6 +73,13 @@ def _graph_ops(net, example, train=True):
     return convs, {n["op"] for n in nodes}
 
 
+def _flat_arrays(value):
+    """The NDArrays of a nested output (detectors return tuples of tuples of losses)."""
+    if isinstance(value, (list, tuple)):
+        return [a for item in value for a in _flat_arrays(item)]
+    return [value]
+
+
 def _flat_symbols(value):
     if isinstance(value, (list, tuple)):
         return [s for item in value for s in _flat_symbols(item)]
@@ -145,9 +152,11 @@ def _step_fn(net, example, loss_fn, train):
             with mx.autograd.record():
                 outs = net(*args)
                 loss = loss_fn(outs) if loss_fn is not None else outs
-                losses = loss if isinstance(loss, (list, tuple)) else [loss]
-            mx.autograd.backward([l.astype("float32") if dtypes.name_of(l.dtype) != "float32"
-                                  else l for l in losses])
+                # cast inside the recording: a loss cast after it is outside the graph, and
+                # backward from it fails ("Cannot differentiate node ...")
+                losses = [l if dtypes.name_of(l.dtype) == "float32" else l.astype("float32")
+                          for l in _flat_arrays(loss)]
+            mx.autograd.backward(losses)
         mx.nd.waitall()
         return outs
     return step

@@ -29,9 +29,15 @@ CASTS = {
 
 
 @pytest.fixture
-def bf16_amp():
+def float32_reference(amp_off):
+    """(conv output, FC output, input gradient) in plain float32, computed before amp.init."""
+    return _float32_reference()
+
+
+@pytest.fixture
+def bf16_amp(float32_reference):
     amp.init("bfloat16")
-    yield
+    yield float32_reference
     amp.reset()
 
 
@@ -42,14 +48,20 @@ def _conv_and_fc(x, w, fc_w):
 
 
 def _inputs():
+    """A 1x1 convolution on 10x10 images: per-image H*W 100 lies outside the AMX guard
+    (H*W 27..48, mxamp/lists/bfloat16.py), so its output is bfloat16 on every class with
+    kernels, AMX included (the 7x7 used before was guarded to float32 there)."""
     rng = np.random.RandomState(0)
-    x = mx.nd.array(rng.randn(1, 64, 7, 7))
+    x = mx.nd.array(rng.randn(1, 64, 10, 10))
     w = mx.nd.array(rng.randn(64, 64, 1, 1) * 0.1)
-    fc_w = mx.nd.array(rng.randn(10, 64 * 49) * 0.02)
+    fc_w = mx.nd.array(rng.randn(10, 64 * 100) * 0.02)
     return x, w, fc_w
 
 
 def _float32_reference():
+    """float32's values, with AMP off: under ``amp.init`` the convolution would be bfloat16
+    here, and the 'reference' would compare AMP with itself."""
+    assert not amp.is_initialized(), "the reference is computed before amp.init"
     x, w, fc_w = _inputs()
     x.attach_grad()
     with mx.autograd.record():
@@ -60,6 +72,7 @@ def _float32_reference():
 
 
 def _close(got, want, what):
+    assert want.dtype == np.float32, "the reference must be float32, got %s" % want.dtype
     if not BF16_KERNELS:
         assert np.array_equal(got, want), "%s must be float32's exactly %s" % (what, where())
         return
@@ -69,7 +82,7 @@ def _close(got, want, what):
 
 @pytest.mark.parametrize("spelling", list(CASTS))
 def test_cast_of_onednn_output_inside_record(bf16_amp, spelling):
-    want_y, want_z, want_grad = _float32_reference()
+    want_y, want_z, want_grad = bf16_amp
     x, w, fc_w = _inputs()
     x.attach_grad()
     cast = CASTS[spelling]
@@ -104,7 +117,7 @@ def test_symbol_casts_in_a_hybridized_block(bf16_amp):
             super().__init__(**kwargs)
             with self.name_scope():
                 self.conv = mx.gluon.nn.Conv2D(64, 1, in_channels=64, use_bias=False)
-                self.fc = mx.gluon.nn.Dense(10, in_units=64 * 49, use_bias=False)
+                self.fc = mx.gluon.nn.Dense(10, in_units=64 * 100, use_bias=False)
 
         def hybrid_forward(self, F, x):
             y = self.conv(x)

@@ -16,18 +16,17 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from bf16_expect import (BF16_KERNELS, CPU_CLASS, LOW, NO_KERNELS_WARNING, check_float32_casts,
-                         where)
+from bf16_expect import (AUTO_BY_CLASS, BF16_KERNELS, CPU_CLASS, HAS_AMX, LOW,
+                         NO_KERNELS_WARNING, check_float32_casts, where)
 from mxamp import amp, devices, dtypes
 from mxamp.lists import get_op_lists
 
-pytestmark = pytest.mark.cpu_class
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BF16, F32 = dtypes.BFLOAT16, np.dtype(np.float32)
-#: 'auto' computes in bfloat16 here: a native class where the probe measured bfloat16 faster
-#: (mxamp.probe; an AMX CPU with AMX off measured slower).
-NATIVE = amp.precision_plan("auto", mx.cpu()).compute == "bfloat16"
+#: 'auto' computes in bfloat16 here (conftest.py turns the probe off: 'auto' follows the
+#: documented class rule, worked out in bf16_expect; tests/test_probe.py covers the probe).
+NATIVE = AUTO_BY_CLASS == "bfloat16"
 
 
 # ------------------------------------------------------------------ the plan, any machine
@@ -62,14 +61,19 @@ def test_plan_rejects_unknown_devices_and_requests():
         amp.precision_plan("int8")
 
 
-def test_speed_claims_are_true_for_their_class():
+def test_speed_claims_are_true_for_their_class(monkeypatch):
+    """Checks decisions only: each class is named, and AMX hardware is forced on and off."""
     lists = get_op_lists("bfloat16")
     none = devices.cpu_notice(devices.device_plan("bfloat16", lists, "none"))
     emulated = devices.cpu_notice(devices.device_plan("bfloat16", lists, "emulated"))
     assert "nothing is faster than float32" in none and "SLOWER" not in none, none
     assert "SLOWER than float32" in emulated and "no bfloat16 kernels" not in emulated, emulated
+    monkeypatch.setattr(devices, "amx_idle_here", lambda device: False)
     native = devices.cpu_notice(devices.device_plan("bfloat16", lists, "native"))
-    assert native == "" or devices.amx_idle_here("native"), "native computes bf16: %s" % native
+    assert native == "", "native computes bf16 in hardware: nothing to warn about: %s" % native
+    monkeypatch.setattr(devices, "amx_idle_here", lambda device: device == "native")
+    idle = devices.cpu_notice(devices.device_plan("bfloat16", lists, "native"))
+    assert "WITHOUT AMX" in idle and "0.68-0.90x" in idle, "AMX hardware left off: %s" % idle
     on_amx = devices.cpu_notice(devices.device_plan("bfloat16", lists, "amx"))
     assert "AMX tiles (in effect" in on_amx and "BatchNorm backward" in on_amx, on_amx
     assert devices.cpu_notice(devices.device_plan("auto", lists, "none")) == "", "'auto' never warns"
@@ -77,7 +81,8 @@ def test_speed_claims_are_true_for_their_class():
 
 def test_amx_cpu_with_amx_off_is_said_and_auto_keeps_float32(monkeypatch):
     """A Sapphire Rapids with AMX off (the default) is class 'native', where bfloat16 measured
-    0.68-0.90x float32: 'auto' computes in float32 and a bfloat16 request warns with the fix."""
+    0.68-0.90x float32: 'auto' computes in float32 and a bfloat16 request warns with the fix.
+    Checks decisions only (the class and the AMX hardware are forced; the probe is off)."""
     from dataclasses import replace
     from mxamp import cpu
     idle = replace(cpu.cpu_features(), bf16_class="native", amx_bf16=True, amx_in_effect=False,
@@ -95,6 +100,7 @@ def test_amx_cpu_with_amx_off_is_said_and_auto_keeps_float32(monkeypatch):
     assert devices.cpu_notice(devices.device_plan("bfloat16", lists, "native")) == ""
 
 
+@pytest.mark.cpu_class
 def test_precision_plan_here():
     plan = amp.precision_plan("bfloat16", mx.cpu())
     assert plan.device == CPU_CLASS and plan.compute == dtypes.name_of(LOW), plan.describe()
@@ -104,15 +110,20 @@ def test_precision_plan_here():
 
 
 # ------------------------------------------------------------------ amp.init on this CPU
+@pytest.mark.cpu_class
 def test_init_reports_the_plan_of_this_cpu(amp_bf16):
     state = amp.patch_state()
     assert state["cpu_class"] == CPU_CLASS and state["requested_dtype"] == "bfloat16"
     assert state["cpu_compute"] == dtypes.name_of(LOW), state["cpu_plan"]
-    missing = get_op_lists("bfloat16").missing_kernels(CPU_CLASS)
-    assert set(state["cpu_fp32_ops"]) >= {o for o in missing if o in
-                                           amp.op_lists().all_ops()}, state["cpu_fp32_ops"]
+    # NOTES.md §0: on a CPU without bfloat16 kernels oneDNN lacks exactly these ops (measured
+    # with ci/probe_bf16_kernels.py); every other class has them all
+    no_kernel = {"Convolution", "Deconvolution", "FullyConnected", "BatchNorm", "Pooling",
+                 "Activation", "LeakyReLU"} if CPU_CLASS == "none" else set()
+    public = {o for o in state["cpu_fp32_ops"] if not o.startswith("_")}
+    assert public == no_kernel, "float32 here for want of a kernel: %s" % sorted(public)
 
 
+@pytest.mark.cpu_class
 def test_init_auto(amp_off, caplog):
     with caplog.at_level("INFO", logger="mxamp"):
         with warnings.catch_warnings(record=True) as caught:
@@ -165,6 +176,7 @@ KERNEL_CASES = {   # op -> (function, inputs); the ops oneDNN lacks on a 'none' 
 }
 
 
+@pytest.mark.cpu_class
 @pytest.mark.parametrize("op", sorted(KERNEL_CASES))
 def test_bf16_inputs_to_ops_without_kernels_do_not_crash(amp_bf16, op):
     fn, shapes = KERNEL_CASES[op]
@@ -183,6 +195,7 @@ def test_bf16_inputs_to_ops_without_kernels_do_not_crash(amp_bf16, op):
         assert err < 2 ** -6, "%s on bf16 input is %g off float32 %s" % (op, err, where())
 
 
+@pytest.mark.cpu_class
 def test_bf16_symbols_and_numpy_interface_do_not_crash(amp_bf16, seed):
     class Block(mx.gluon.HybridBlock):
         def __init__(self, **kwargs):
@@ -211,6 +224,7 @@ def test_bf16_symbols_and_numpy_interface_do_not_crash(amp_bf16, seed):
     y.wait_to_read()
 
 
+@pytest.mark.cpu_class
 def test_one_warning_per_process_names_the_class():
     code = textwrap.dedent("""
         import json, warnings
@@ -231,13 +245,19 @@ def test_one_warning_per_process_names_the_class():
                           timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     found = json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][0][7:])
+    # what the notice must say on each class (the probe is off: conftest.py)
+    if CPU_CLASS == "native" and not HAS_AMX:
+        assert not found, "bfloat16 is native here: nothing to warn about, got %s" % found
+        return
+    assert len(found) == 1, "one warning per process %s, got %s" % (where(), found)
     if CPU_CLASS in ("none", "emulated"):
-        assert len(found) == 1, "one warning per process %s, got %s" % (where(), found)
         assert "CPU class '%s'" % CPU_CLASS in found[0], found[0]
         if CPU_CLASS == "none":
             assert found[0].startswith(NO_KERNELS_WARNING), found[0]
+    elif CPU_CLASS == "native":     # an AMX CPU whose AMX is off: say so, and how to turn it on
+        assert "WITHOUT AMX" in found[0] and "MXAMP_AMX=1" in found[0], found[0]
     else:
-        assert not found, "bfloat16 is native here: nothing to warn about, got %s" % found
+        assert found[0].startswith("mxamp: bfloat16 on AMX tiles"), found[0]
 
 
 # ------------------------------------------------------------------ O2 and conversion, 'auto'
@@ -249,6 +269,7 @@ def _small_net():
     return net
 
 
+@pytest.mark.cpu_class
 def test_cast_model_auto_and_bfloat16_on_this_cpu(seed):
     x = mx.nd.random.uniform(shape=(2, 3, 6, 6))
     auto = _small_net()
@@ -268,6 +289,7 @@ def test_cast_model_auto_and_bfloat16_on_this_cpu(seed):
     assert out.dtype == F32 and np.isfinite(out.asnumpy()).all()
 
 
+@pytest.mark.cpu_class
 def test_convert_hybrid_block_auto(seed):
     net = _small_net()
     net.hybridize()
@@ -375,11 +397,12 @@ def _assert_identical_where_nothing_is_low(base, runs, what):
 #: Arrays whose float32 RMS is below this carry no signal (a convolution bias before BatchNorm
 #: has a true gradient of zero and stays ~1e-9): they are judged by absolute drift instead.
 NEAR_ZERO_RMS = 1e-4
-#: Norm-relative drift allowed per array, and for the model as a whole, after a few steps in
-#: bfloat16 (8 bits of mantissa: ~0.4% per rounding). Chosen, not yet measured on every class:
-#: bfloat16 hardware has not run this test with this metric; the max-relative metric it replaces
-#: read 3523 on Sapphire Rapids because of the near-zero biases above.
-ARRAY_DRIFT, MODEL_DRIFT, ABSOLUTE_DRIFT = 0.1, 0.05, 1e-3
+#: Norm-relative drift allowed per array, and for the model as a whole, after 5 steps in
+#: bfloat16. Measured with this test's metric on real bfloat16 hardware: worst array
+#: (batchnorm0_beta) 0.189-0.192 and model 0.0255 on an AMX Xeon (native, emulated and amx,
+#: ../shared/hw-runs/2026-11-25-xeon-amx), 0.192 on an AMD EPYC Zen 4 (native, emulated).
+#: The bounds leave ~30% (array) and ~2x (model) above the worst measured value.
+ARRAY_DRIFT, MODEL_DRIFT, ABSOLUTE_DRIFT = 0.25, 0.05, 1e-3
 
 
 def _assert_drift_is_rounding(base, arrays, what):
@@ -405,6 +428,7 @@ def _assert_drift_is_rounding(base, arrays, what):
     assert not far, "%s: arrays that stay ~0 in float32 moved by an RMS of %s" % (what, far)
 
 
+@pytest.mark.cpu_class
 def test_training_is_bit_identical_to_float32_where_nothing_is_low(tmp_path):
     """A hybridized (static_alloc) Conv-BN-Act(relu, softrelu)-Pool-Dense net, 5 SGD steps."""
     base = _arrays(TRAIN, "fp32", tmp_path)
@@ -412,6 +436,7 @@ def test_training_is_bit_identical_to_float32_where_nothing_is_low(tmp_path):
     _assert_identical_where_nothing_is_low(base, runs, "5 training steps")
 
 
+@pytest.mark.cpu_class
 def test_gluoncv_ssd_first_step_is_bit_identical_where_nothing_is_low(tmp_path):
     pytest.importorskip("gluoncv", reason="install the gluoncv extra: pip install -e '.[gluoncv]'")
     base = _arrays(SSD_STEP, "fp32", tmp_path)

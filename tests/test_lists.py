@@ -442,7 +442,7 @@ def test_bf16_core_ops_run_in_bf16_and_match_fp32():
     # an intermediate rounding or two separate the results: allow 2**-7 of the output's scale.
     too_far = {n: round(r["rel_err"], 4) for n, r in report.items() if r["rel_err"] > 2 ** -7}
     assert not too_far, "bf16 results differ from fp32 beyond bf16 rounding: %s" % too_far
-    assert len(report) + len(failed) >= 50
+    assert len(report) + len(failed) >= 50, "the smoke run covers at least 50 ops"
 
 
 def _probe(*args):

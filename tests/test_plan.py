@@ -2,7 +2,8 @@
 policy is one more input of it, not a separate path.
 
 Decisions are checked with the CPU class forced where they depend on it (nothing runs in
-bfloat16 here unless the machine computes it)."""
+bfloat16 here unless the machine computes it). They check decisions only: no ``cpu_class``
+marker."""
 import ast
 import pathlib
 from dataclasses import replace
@@ -17,7 +18,6 @@ from mxamp.errors import AmpArgumentError
 from mxamp.state import STATE
 from test_conditions import _graph_casts
 
-pytestmark = pytest.mark.cpu_class
 
 PACKAGE = pathlib.Path(mxamp.__file__).parent
 #: The functions that turn a request into op lists and device plans.
@@ -151,3 +151,52 @@ def test_a_policy_file_that_is_not_one_says_so(tmp_path):
     path.write_text('{"name": "x", "target": "bfloat16", "colour": "red"}')
     with pytest.raises(AmpArgumentError, match="is not a policy"):
         amp.Policy.load(str(path))
+
+
+@pytest.mark.parametrize("request_", ["auto", "float32 policy"])
+def test_a_plan_that_computes_float32_leaves_mxnet_alone(monkeypatch, amp_off, request_):
+    """Checks decisions only (class 'emulated' forced: 'auto' computes float32 there). Where
+    mxamp itself chose float32, amp.init wraps no operator but the loss outputs, so the model
+    runs MXNet's own functions; loss scaling still skips a non-finite step."""
+    monkeypatch.setattr(cpu, "_CLASSIFIED", replace(cpu.cpu_features(), bf16_class="emulated",
+                                                    amx_bf16=False))
+    own = {"nd.FullyConnected": mx.nd.FullyConnected, "sym.Convolution": mx.sym.Convolution,
+           "npx.batch_norm": mx.npx.batch_norm, "nd.softmax": mx.nd.softmax,
+           "NDArray.astype": mx.nd.NDArray.astype}
+    softmax_output = mx.nd.SoftmaxOutput
+    if request_ == "auto":
+        amp.init("auto")
+    else:
+        amp.init(policy=amp.Policy("float32", "float32"))
+    now = {"nd.FullyConnected": mx.nd.FullyConnected, "sym.Convolution": mx.sym.Convolution,
+           "npx.batch_norm": mx.npx.batch_norm, "nd.softmax": mx.nd.softmax,
+           "NDArray.astype": mx.nd.NDArray.astype}
+    assert {k for k in own if now[k] is not own[k]} == set(), "MXNet's own functions must run"
+    assert mx.nd.SoftmaxOutput is not softmax_output, "loss outputs still get the loss scale"
+    state = amp.patch_state()
+    assert state["initialized"] and state["cpu_compute"] == "float32", state
+    net = mx.gluon.nn.Dense(2, in_units=3)
+    net.initialize()
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+    amp.init_trainer(trainer)
+    before = net.weight.data().asnumpy().copy()
+    with mx.autograd.record():
+        loss = net(mx.nd.ones((1, 3))).sum() * float("inf")
+        with amp.scale_loss(loss, trainer) as scaled:
+            mx.autograd.backward(scaled)
+    trainer.step(1)
+    assert np.array_equal(net.weight.data().asnumpy(), before), "the non-finite step is skipped"
+    assert trainer._amp_loss_scaler.skipped_steps == 1
+    amp.reset()
+    assert mx.nd.SoftmaxOutput is softmax_output
+
+
+def test_an_explicit_target_keeps_its_wrappers_where_it_computes_float32(monkeypatch, amp_off):
+    """Checks decisions only (class 'none' forced): an explicit bfloat16 request keeps the
+    wrappers that compute a bfloat16 input of an op without a kernel in float32."""
+    monkeypatch.setattr(cpu, "_CLASSIFIED", replace(cpu.cpu_features(), bf16_class="none",
+                                                    amx_bf16=False))
+    original = mx.nd.FullyConnected
+    amp.init("bfloat16")
+    assert amp.patch_state()["cpu_compute"] == "float32"
+    assert mx.nd.FullyConnected is not original

@@ -236,11 +236,11 @@ def test_reset_clears_every_piece_of_state(amp_off):
     trainer = mx.gluon.Trainer([p], "sgd", kvstore=None)
     amp.init_trainer(trainer)
     mx.nd.FullyConnected(mx.nd.ones((1, 2)), mx.nd.ones((2, 2)), no_bias=True, num_hidden=2)
-    sym = mx.sym.FullyConnected(mx.sym.var("d"), num_hidden=2)
+    mx.sym.FullyConnected(mx.sym.var("d"), num_hidden=2)
     STATE.notices.add("a notice")
     summary = STATE.summary()
     assert summary["patched"] and summary["trainers"] == 1 and summary["tracked_symbols"] > 0
-    assert summary["warned_ops"] >= 1, "float16 GEMM on a CPU warns once"
+    assert summary["warned_ops"] == 1, "float16 GEMM on a CPU warns once"
     lock, generation = STATE.lock, STATE.generation
     amp.reset()
     after = STATE.summary()
@@ -248,7 +248,7 @@ def test_reset_clears_every_piece_of_state(amp_off):
                      "warned_ops": 0, "notices": 0, "tracked_symbols": 0}, after
     assert STATE.lock is lock, "reset must not swap the lock another thread may hold"
     assert STATE.current_trainer() is None and STATE.disabled_depth() == 0
-    assert sym is not None and len(STATE.recording_casts) == 0
+    assert len(STATE.recording_casts) == 0
 
 
 def test_reset_is_safe_under_threads(amp_off):

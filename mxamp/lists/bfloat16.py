@@ -146,14 +146,17 @@ NO_KERNEL_BY_CPU_CLASS = {
 # corrupts the heap (glibc abort or segfault, forward alone, any batch and C_out) when its
 # per-image H*W is 27, 33, 36, 39, 42, 45 or 48 and its C_in a multiple of 32: a scan of H*W
 # 1..600 at C_in 64 and 1..128 at C_in 32..2048 found exactly these (NOTES.md section 2,
-# ci/probe_amx.py). The rule keeps a margin: H*W 16..64 and C_in a multiple of 16. Where the
+# ci/probe_amx.py; re-measured on an AMX Xeon in hw-runs/2026-11-25-xeon-amx: 26 of 125 shapes
+# crashed, all of them in this family). The rule covers the range the family spans, H*W 27..48,
+# with C_in a multiple of 16 (16, 48, 80 passed: a margin). Sizes just outside (26, 49) were
+# scanned and pass; 49 is ResNet-50's last stage at 224 px, which must keep AMX. Where the
 # shapes cannot be known (a Symbol graph built without input shapes) it holds: safety first.
 R_AMX_HEAP = ("oneDNN 2.4 AMX: bfloat16 1x1 stride-1 convolutions with per-image H*W in "
               "{27,33,...,48} and C_in % 32 == 0 corrupt the heap (measured on Sapphire "
-              "Rapids); kept in float32 with a margin (H*W 16..64, C_in % 16 == 0)")
+              "Rapids and an AMX Xeon); kept in float32 over the span H*W 27..48, C_in % 16 == 0")
 _AMX_HEAP_SHAPES = (
     (("kernel", ("1",)), ("stride", ("1",)), ("in_channels", ("%16",)),
-     ("spatial_size", ("16..64",))),
+     ("spatial_size", ("27..48",))),
     True, R_AMX_HEAP)
 FP32_WHEN_BY_CPU_CLASS = {
     "amx": {op: (_AMX_HEAP_SHAPES,)
