@@ -110,8 +110,8 @@ def device_of(ctx):
     """``'gpu'`` for a GPU context, this CPU's bfloat16 class for a CPU context.
 
     >>> import mxnet as mx
-    >>> device_of(mx.cpu()) == cpu_class()
-    True
+    >>> device_of(mx.gpu(0)), device_of(mx.cpu()) in BF16_CLASSES
+    ('gpu', True)
     """
     return cpu_class() if is_cpu(ctx) else GPU
 

@@ -225,7 +225,10 @@ def is_initialized():
 def target_dtype():
     """``'float16'`` or ``'bfloat16'`` after :func:`init`, else None.
 
-    >>> target_dtype() in (None, 'float16', 'bfloat16')
+    >>> from mxamp import amp
+    >>> amp.init('bfloat16'); target_dtype()
+    'bfloat16'
+    >>> amp.reset(); target_dtype() is None
     True
     """
     return STATE.target

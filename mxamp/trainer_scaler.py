@@ -225,7 +225,14 @@ def current_scaler():
     That is the scaler of the trainer whose ``scale_loss`` is active in this thread, else of
     the trainer most recently passed to ``init_trainer`` that is still alive.
 
-    >>> current_scaler() is None or current_scaler().loss_scale > 0
+    >>> import mxnet as mx
+    >>> from mxamp import amp
+    >>> amp.init('bfloat16')
+    >>> net = mx.gluon.nn.Dense(2, in_units=3); net.initialize()
+    >>> trainer = mx.gluon.Trainer(net.collect_params(), 'sgd')
+    >>> current_scaler().loss_scale if amp.init_trainer(trainer) else None
+    1.0
+    >>> amp.reset(); current_scaler() is None
     True
     """
     trainer = STATE.current_trainer()
