@@ -23,9 +23,13 @@ channels), depthwise convolutions, BatchNorm, where the model has them. Tuning r
 backward passes (or forward only, ``train=False``) and restores every parameter, gradient and
 BatchNorm statistic afterwards, so the model's numbers do not change.
 """
+import atexit
 import json
 import math
+import os
+import shutil
 import sys
+import tempfile
 import time
 
 import mxnet as mx
@@ -192,7 +196,7 @@ def _time_policy(policy, step, steps, profile, give_up_ms=math.inf,
     step()  # warm-up: the graph is rebuilt for this policy, oneDNN primitives are created
     if profile:
         mx.profiler.set_config(profile_all=True, aggregate_stats=True,
-                               filename="/dev/null" if sys.platform != "win32" else "nul")
+                               filename=_profile_file())
         mx.profiler.set_state("run")
     best, done, timed = math.inf, 0, 0.0
     try:
@@ -209,6 +213,20 @@ def _time_policy(policy, step, steps, profile, give_up_ms=math.inf,
             mx.profiler.set_state("stop")
             top = _top_ops(mx.profiler.dumps(reset=True, format="json"), done)
     return best * 1e3, top
+
+
+_PROFILE_DIR = []
+
+
+def _profile_file():
+    """A file of mxamp's own for MXNet's profiler trace, which tune never reads (it reads the
+    aggregate table). Not os.devnull: stopping the profiler deletes its file and writes a new
+    one, which as root replaced /dev/null with a regular file (seen on this project's CI)."""
+    if not _PROFILE_DIR:
+        folder = tempfile.mkdtemp(prefix="mxamp-tune-")
+        atexit.register(shutil.rmtree, folder, True)
+        _PROFILE_DIR.append(folder)
+    return os.path.join(_PROFILE_DIR[0], "profile.json")
 
 
 def _top_ops(dump, steps, count=5):

@@ -281,3 +281,16 @@ def test_real_tune_of_a_model_that_ends_in_bfloat16(loss_fn):
     assert policy.table[0]["name"] == "float32" and all(r["ms"] > 0 for r in policy.table)
     assert np.all(net.bn.running_mean.data().asnumpy() == 0), "statistics restored"
     assert not amp.is_initialized()
+
+
+def test_profiling_leaves_the_null_device_alone():
+    """Stopping MXNet's profiler deletes its trace file and writes a new one: with the trace
+    sent to /dev/null, a tune run as root (CI, containers) replaced /dev/null with a regular
+    file. The trace now goes to a file of mxamp's own."""
+    import os
+    import stat
+    fp32 = amp.Policy("float32", "float32")
+    tune_mod._time_policy(fp32, lambda: mx.nd.ones((2, 2)).wait_to_read(), 1, True)
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode), "%s is no longer a device" % os.devnull
+    trace = tune_mod._profile_file()
+    assert os.path.dirname(trace) != os.path.dirname(os.devnull) and os.path.isfile(trace)
