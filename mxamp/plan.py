@@ -174,18 +174,13 @@ class Plan:
 
     @property
     def leaves_mxnet_alone(self):
-        """True when ``amp.init`` need not touch MXNet's operators: the request is ``'auto'``
-        or a float32 policy, and no device computes anything in low precision. Every op then
-        runs MXNet's own function, at float32 speed; only the loss-output ops still need the
-        loss scale (:mod:`mxamp.loss_outputs`). An explicit target keeps its wrappers, which
-        compute bfloat16 or float16 inputs in float32 where a device has no kernel.
+        """True when mxamp chose float32 everywhere: ``amp.init`` then wraps only loss outputs.
 
         >>> make('auto', ['none']).leaves_mxnet_alone, make('bfloat16', ['none']).leaves_mxnet_alone
         (True, False)
         """
-        chosen = self.requested == dtypes.AUTO or (
-            self.policy is not None and self.policy.target == FLOAT32)
-        return chosen and not any(d.low_precision for d in self.device_plans)
+        low = any(d.low_precision for d in self.device_plans)
+        return self.requested == dtypes.AUTO and not low   # a float32 policy requests 'auto'
 
     def on(self, device):
         """The :class:`~mxamp.devices.DevicePlan` of ``device`` ('gpu' or a CPU class).
