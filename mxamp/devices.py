@@ -255,8 +255,9 @@ def cpu_notice(dplan):
         return ("mxamp: bfloat16 on AMX tiles (in effect: %s). oneDNN 2.4's AMX support is "
                 "initial: 1x1 convolutions of the shapes that corrupt the heap stay float32 "
                 "(python -m mxamp.lists --explain Convolution), and BatchNorm backward and "
-                "depthwise convolutions run slow kernels (MobileNet training measured 15x slower "
-                "than float32): compare with float32 on your model."
+                "depthwise convolutions run slow kernels (MobileNet training measured 11-15x "
+                "slower than float32, with 'auto' too): amp.tune(net, batch) times your model and "
+                "keeps float32 where bfloat16 loses (it chose float32 for that MobileNet)."
                 % (features.amx_check or "unchecked"))
     if p.device == "emulated":
         return ("mxamp: this CPU emulates bfloat16 (CPU class 'emulated'%s): bfloat16 runs "

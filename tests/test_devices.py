@@ -76,6 +76,7 @@ def test_speed_claims_are_true_for_their_class(monkeypatch):
     assert "WITHOUT AMX" in idle and "0.68-0.90x" in idle, "AMX hardware left off: %s" % idle
     on_amx = devices.cpu_notice(devices.device_plan("bfloat16", lists, "amx"))
     assert "AMX tiles (in effect" in on_amx and "BatchNorm backward" in on_amx, on_amx
+    assert "amp.tune(net, batch)" in on_amx, "name the way out of the slow kernels: %s" % on_amx
     assert devices.cpu_notice(devices.device_plan("auto", lists, "none")) == "", "'auto' never warns"
 
 
