@@ -72,15 +72,13 @@ def _apply(amp_plan):
     replaced, categories = STATE.replaced, STATE.categories
     loss_output, make_wrapper = amp_plan.lists.loss_output, wrappers.make_wrapper
     alone = amp_plan.leaves_mxnet_alone
-    if alone:
-        make_wrapper = lambda func, rule, is_symbol: func     # noqa: E731 - the loss scale only
     for func, op_name, is_symbol, bindings in opfuncs.op_functions():
         rule = amp_plan.rule(op_name)
-        if alone and op_name not in loss_output:
-            continue
-        if rule is None or (not is_symbol and rule.category == "neutral"
-                            and not rule.fp32_on_cpu and op_name not in loss_output):
-            # an NDArray's dtype is seen at call time: a dtype-neutral op needs no wrapper
+        if rule is None or (alone and op_name not in loss_output) or (
+                not is_symbol and rule.category == "neutral" and not rule.fp32_on_cpu
+                and op_name not in loss_output):
+            # a float32 plan of mxamp's choosing wraps loss outputs only (see above); an
+            # NDArray's dtype is seen at call time: a dtype-neutral op needs no wrapper
             # (Symbols keep theirs, which track the dtype of what they build)
             continue
         wrapped = None
@@ -88,7 +86,7 @@ def _apply(amp_plan):
             if module.__dict__.get(attr) is not func:
                 continue          # re-bound since import (by the user or another library)
             if wrapped is None:
-                wrapped = make_wrapper(func, rule, is_symbol)
+                wrapped = func if alone else make_wrapper(func, rule, is_symbol)
                 if op_name in loss_output:
                     wrapped = wrap_loss_output(wrapped, op_name, is_symbol)
                 categories[rule.category] = categories.get(rule.category, 0) + 1

@@ -77,17 +77,15 @@ def _graph_ops(net, example, train=True):
     return convs, {n["op"] for n in nodes}
 
 
-def _flat_arrays(value):
-    """The NDArrays of a nested output (detectors return tuples of tuples of losses)."""
+def _leaves(value):
+    """The leaves of a nested output (detectors return tuples of tuples of losses)."""
     if isinstance(value, (list, tuple)):
-        return [a for item in value for a in _flat_arrays(item)]
+        return [leaf for item in value for leaf in _leaves(item)]
     return [value]
 
 
 def _flat_symbols(value):
-    if isinstance(value, (list, tuple)):
-        return [s for item in value for s in _flat_symbols(item)]
-    return [value] if isinstance(value, mx.sym.Symbol) else []
+    return [s for s in _leaves(value) if isinstance(s, mx.sym.Symbol)]
 
 
 def candidates(net, example, target, train=True):
@@ -159,7 +157,7 @@ def _step_fn(net, example, loss_fn, train):
                 # cast inside the recording: a loss cast after it is outside the graph, and
                 # backward from it fails ("Cannot differentiate node ...")
                 losses = [l if dtypes.name_of(l.dtype) == "float32" else l.astype("float32")
-                          for l in _flat_arrays(loss)]
+                          for l in _leaves(loss)]
             mx.autograd.backward(losses)
         mx.nd.waitall()
         return outs

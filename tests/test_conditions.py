@@ -19,7 +19,6 @@ from mxamp.lists import get_op_lists
 from mxamp.lists.conditions import Condition, normalize_value, shape_value, value_matches
 
 
-
 @pytest.fixture
 def forced_class(monkeypatch):
     """Force this process's bfloat16 class (decisions only: nothing low-precision is run)."""

@@ -160,17 +160,17 @@ def test_a_plan_that_computes_float32_leaves_mxnet_alone(monkeypatch, amp_off, r
     runs MXNet's own functions; loss scaling still skips a non-finite step."""
     monkeypatch.setattr(cpu, "_CLASSIFIED", replace(cpu.cpu_features(), bf16_class="emulated",
                                                     amx_bf16=False))
-    own = {"nd.FullyConnected": mx.nd.FullyConnected, "sym.Convolution": mx.sym.Convolution,
-           "npx.batch_norm": mx.npx.batch_norm, "nd.softmax": mx.nd.softmax,
-           "NDArray.astype": mx.nd.NDArray.astype}
+    def functions():
+        return {"nd.FullyConnected": mx.nd.FullyConnected, "sym.Convolution": mx.sym.Convolution,
+                "npx.batch_norm": mx.npx.batch_norm, "nd.softmax": mx.nd.softmax,
+                "NDArray.astype": mx.nd.NDArray.astype}
+    own = functions()
     softmax_output = mx.nd.SoftmaxOutput
     if request_ == "auto":
         amp.init("auto")
     else:
         amp.init(policy=amp.Policy("float32", "float32"))
-    now = {"nd.FullyConnected": mx.nd.FullyConnected, "sym.Convolution": mx.sym.Convolution,
-           "npx.batch_norm": mx.npx.batch_norm, "nd.softmax": mx.nd.softmax,
-           "NDArray.astype": mx.nd.NDArray.astype}
+    now = functions()
     assert {k for k in own if now[k] is not own[k]} == set(), "MXNet's own functions must run"
     assert mx.nd.SoftmaxOutput is not softmax_output, "loss outputs still get the loss scale"
     state = amp.patch_state()

@@ -13,9 +13,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from mxamp import amp, cpu, tuning as tune_mod
+from mxamp import amp, cpu, dtypes, tuning as tune_mod
 from test_conditions import _graph_casts
-
 
 
 def _mobile_like():
@@ -260,11 +259,8 @@ class _EndsInBfloat16(mx.gluon.HybridBlock):
             self.bn = mx.gluon.nn.BatchNorm()
 
     def hybrid_forward(self, F, x):
-        y = F.amp_cast(self.bn(self.conv(x)), dtype=BF16)
+        y = F.amp_cast(self.bn(self.conv(x)), dtype=dtypes.BFLOAT16)
         return y, (F.mean(y, axis=1), y)
-
-
-BF16 = np.dtype([("bfloat16", np.uint16)])
 
 
 @pytest.mark.cpu_class
