@@ -24,7 +24,7 @@ os.environ.pop("MXAMP_REPROBE", None)
 
 @pytest.fixture(autouse=True)
 def _probe_isolated(tmp_path_factory, monkeypatch):
-    from mxamp import probe
+    from mxamp.backend import probe
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
     monkeypatch.setenv("MXAMP_PROBE", "0")     # restored after each test, whatever it did
     probe.forget()

@@ -23,7 +23,7 @@ def main(argv=None):
     parser.add_argument("--workload", default="resnet50_infer")
     args = parser.parse_args(argv)
     from mxamp import amp
-    from mxamp.precision_pass import cast_nodes
+    from mxamp.backend.graphs import cast_nodes
     workload = WORKLOADS[args.workload]
     net = build_model(workload)
     net.initialize(mx.init.Xavier(magnitude=2.0))

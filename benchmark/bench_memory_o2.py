@@ -28,7 +28,7 @@ import mxamp
 import mxnet as mx
 import numpy as np
 from mxamp import amp
-from mxamp.o2 import cast_model  # also amp.cast_model
+from mxamp.conversion.o2 import cast_model  # also amp.cast_model
 
 mode, target = sys.argv[1], sys.argv[2]
 batch, steps, size = (int(v) for v in sys.argv[3:6])

@@ -35,9 +35,9 @@ import numpy as np
 from mxnet.contrib.amp.loss_scaler import LossScaler as ReferenceScaler
 from mxnet.gluon.model_zoo import vision
 
-from mxamp import overflow
-from mxamp.scaler import LossScaler
-from mxamp.trainer_scaler import TrainerScaler, trainable_grads
+from mxamp.training import overflow
+from mxamp.training.scaler import LossScaler
+from mxamp.training.trainer_scaler import TrainerScaler, trainable_grads
 
 
 def median_ms(methods, repeat):

@@ -130,8 +130,8 @@ def check_share(workload_name, samples=8):
     import time
     import mxnet as mx
     from mxnet import autograd
-    from mxamp.scaler import LossScaler
-    from mxamp.trainer_scaler import TrainerScaler
+    from mxamp.training.scaler import LossScaler
+    from mxamp.training.trainer_scaler import TrainerScaler
     net, data, label, loss_fn, trainer = _training_setup(workload_name)
     hook = TrainerScaler(LossScaler(init_scale=1.0, dynamic=False), "bfloat16")
     params = list(net.collect_params().values())
@@ -212,7 +212,7 @@ def main(argv=None):
                         "per training workload (one model, one trainer; nothing differs but "
                         "the patch)")
     args = parser.parse_args(argv)
-    from mxamp import cpu
+    from mxamp.backend import cpu
     features = cpu.cpu_features()
     print("CPU %s, bfloat16 class %r; mode %s" % (features.cpu_model, features.bf16_class,
                                                    args.mode))

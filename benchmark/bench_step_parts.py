@@ -7,7 +7,7 @@ on the workload's real parameter set (median of ``--repeat`` runs, each synced):
 - ``sgd_mom_update``: ``Trainer.step`` (SGD, momentum 0.9) over all fp32 parameters;
 - ``cast_weights_bf16``: one ``amp_cast`` to bf16 of every weight (what a weight-cast cache costs
   once per step; the reference pays it on every use);
-- ``mxamp_check_finite``: ``mxamp.overflow.check_finite`` over the gradients;
+- ``mxamp_check_finite``: ``mxamp.training.overflow.check_finite`` over the gradients;
 - ``reference_has_overflow``: the reference's ``LossScaler.has_overflow`` on the same gradients.
 
     python benchmark/bench_step_parts.py mlp_train --repeat 10
@@ -49,7 +49,8 @@ def main(argv=None):
     import mxnet as mx
     from mxnet import gluon
     from mxnet.contrib.amp.loss_scaler import LossScaler as ReferenceScaler
-    from mxamp import dtypes, overflow
+    from mxamp import dtypes
+    from mxamp.training import overflow
 
     workload = WORKLOADS[args.workload]
     net = build_model(workload)

@@ -78,9 +78,9 @@ def amp_module(mode):
 def o2_cast(net, data):
     """mxamp's O2 cast of the whole model (bf16 parameters, fp32 master weights in the trainer)."""
     try:
-        from mxamp.o2 import cast_model
+        from mxamp.conversion.o2 import cast_model
     except ImportError as err:
-        raise Skip("mxamp.o2 not available: %s" % err)
+        raise Skip("mxamp.conversion.o2 not available: %s" % err)
     return cast_model(net, TARGET, example_inputs=data)
 
 
@@ -239,8 +239,8 @@ def measure(workload_name, mode, quick, steps, warmup):
     if mode == "reference_amx":
         grant_amx_by_hand()
     if mode.startswith("mxamp") and workload_name not in INIT_TARGETS:  # those time the import
-        import mxamp.cpu
-        result["cpu_features"] = mxamp.cpu.cpu_features().as_dict()
+        import mxamp.backend.cpu
+        result["cpu_features"] = mxamp.backend.cpu.cpu_features().as_dict()
     if workload_name in INIT_TARGETS:
         import_s, init_s = time_amp_init(mode, INIT_TARGETS[workload_name])
         times, last = [init_s * 1e3], None
@@ -261,8 +261,8 @@ def measure(workload_name, mode, quick, steps, warmup):
         # than wall time (with OMP_NUM_THREADS=1; OpenMP threads spin while they wait).
         result["median_cpu_ms"] = statistics.median(cpu_times)
     if mode.startswith("mxamp") and "cpu_features" not in result:  # after timing the import
-        import mxamp.cpu
-        result["cpu_features"] = mxamp.cpu.cpu_features().as_dict()
+        import mxamp.backend.cpu
+        result["cpu_features"] = mxamp.backend.cpu.cpu_features().as_dict()
     TUNED.pop("_policy", None)
     result.update(TUNED)
     result.update(status="ok", median_ms=statistics.median(times), min_ms=min(times),

@@ -145,8 +145,8 @@ def main(argv=None):
     print("%s / %s: %.1f ms per step without profiler (%d steps; load average %.1f)"
           % (args.workload, args.mode, wall_ms, args.steps, os.getloadavg()[0]))
     if args.mode == "mxamp":
-        import mxamp.cpu
-        print("mxamp CPU features:", mxamp.cpu.cpu_features().as_dict())
+        import mxamp.backend.cpu
+        print("mxamp CPU features:", mxamp.backend.cpu.cpu_features().as_dict())
     print_operator_table(profile_operators(step, args.steps), args.steps, wall_ms, args.top)
     if args.dnnl:
         run_dnnl_child(args)

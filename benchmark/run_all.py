@@ -207,7 +207,7 @@ def machine_info():
         pass
     info["loadavg_start"] = os.getloadavg()[0]
     # The bfloat16 class decides what the ratios should be; computed as the workers compute it.
-    proc = subprocess.run([sys.executable, "-c", "import json; from mxamp import cpu; "
+    proc = subprocess.run([sys.executable, "-c", "import json; from mxamp.backend import cpu; "
                            "f = cpu.cpu_features(); print(json.dumps([f.bf16_class, "
                            "f.bf16_reason]))"], capture_output=True, text=True,
                           env=_child_env(), cwd=os.path.dirname(HERE), timeout=120)

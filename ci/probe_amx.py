@@ -91,7 +91,7 @@ def main():
         print("probe_amx: skipped: this CPU has no AMX (amx_bf16)")
         return 0
     import mxamp  # noqa: F401 - MXAMP_AMX=1: grants the tiles and latches the AMX ISA
-    from mxamp import cpu
+    from mxamp.backend import cpu
     features = cpu.cpu_features()
     print("probe_amx: class %r, AMX in effect: %s (%s)" % (
         features.bf16_class, features.amx_in_effect, features.amx_check or features.reason))

@@ -41,7 +41,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import mxnet as mx  # noqa: E402
-from mxamp.opfuncs import op_info  # noqa: E402
+from mxamp.backend.registry import op_info  # noqa: E402
 from probe_recipes import GENERIC_SHAPES, RECIPES, SCALAR_KW  # noqa: E402  (lives beside us)
 
 BFLOAT16 = np.dtype([("bfloat16", np.uint16)])

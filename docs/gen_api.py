@@ -27,13 +27,13 @@ SECTIONS = [
     ("Loss scaling and the Trainer", "Hook a Gluon Trainer: scaling, skip-on-overflow, "
      "diagnostics.",
      ["mxamp.amp.init_trainer", "mxamp.amp.scale_loss", "mxamp.amp.unscale",
-      "mxamp.amp.loss_scaler", "mxamp.trainer.loss_scaler",
-      "mxamp.amp.global_norm_and_overflow", "mxamp.trainer.global_norm_and_overflow",
-      "mxamp.trainer_scaler.TrainerScaler", "mxamp.trainer.TrainerConfig",
-      "mxamp.scaler.LossScaler", "mxamp.scaler.ScalerConfig"]),
+      "mxamp.amp.loss_scaler", "mxamp.training.trainer.loss_scaler",
+      "mxamp.amp.global_norm_and_overflow", "mxamp.training.trainer.global_norm_and_overflow",
+      "mxamp.training.trainer_scaler.TrainerScaler", "mxamp.training.trainer.TrainerConfig",
+      "mxamp.training.scaler.LossScaler", "mxamp.training.scaler.ScalerConfig"]),
     ("Whole-model low precision (O2)", "Cast a model's parameters; train with fp32 master "
      "weights.",
-     ["mxamp.amp.cast_model", "mxamp.o2.cast_model"]),
+     ["mxamp.amp.cast_model", "mxamp.conversion.o2.cast_model"]),
     ("Inference conversion", "Rewrite a graph for low-precision inference.",
      ["mxamp.amp.convert_hybrid_block", "mxamp.amp.convert_model", "mxamp.amp.convert_symbol",
       "mxamp.amp.convert_bucketing_module", "mxamp.amp.accuracy_report",
@@ -42,18 +42,18 @@ SECTIONS = [
      ["mxamp.amp.list_lp16_ops", "mxamp.amp.list_fp32_ops", "mxamp.amp.list_lp16_fp32_ops",
       "mxamp.amp.list_conditional_fp32_ops", "mxamp.amp.list_widest_type_cast",
       "mxamp.amp.list_loss_output_functions", "mxamp.amp.list_lp16_use_fp32_params",
-      "mxamp.amp.list_fp16_ops", "mxamp.amp.list_fp16_fp32_ops", "mxamp.opfuncs.lists_for",
-      "mxamp.opfuncs.check_op_names", "mxamp.lists.reference_view.apply_edits"]),
+      "mxamp.amp.list_fp16_ops", "mxamp.amp.list_fp16_fp32_ops", "mxamp.precision.resolve.lists_for",
+      "mxamp.backend.registry.check_op_names", "mxamp.lists.reference_view.apply_edits"]),
     ("Errors", "The one exception type of a bad argument.",
      ["mxamp.errors.AmpArgumentError"]),
     ("CPUs, devices and precision plans", "The bfloat16 class of this CPU, what each request "
      "computes where, AMX enablement; `python -m mxamp.doctor` prints it all. One plan "
-     "(`mxamp.plan`) decides precision for every entry point; `amp.tune` chooses a policy per "
+     "(`mxamp.precision.plan`) decides precision for every entry point; `amp.tune` chooses a policy per "
      "model by timing it.",
-     ["mxamp.amp.cpu_features", "mxamp.cpu.cpu_features", "mxamp.cpu.classify_bf16",
-      "mxamp.amp.precision_plan", "mxamp.amp.precision_of", "mxamp.plan.make", "mxamp.plan.Plan",
-      "mxamp.plan.decide", "mxamp.devices.DevicePlan", "mxamp.devices.device_plan",
-      "mxamp.amp.tune", "mxamp.policy.Policy", "mxamp.doctor.main"]),
+     ["mxamp.amp.cpu_features", "mxamp.backend.cpu.cpu_features", "mxamp.backend.cpu.classify_bf16",
+      "mxamp.amp.precision_plan", "mxamp.amp.precision_of", "mxamp.precision.plan.make", "mxamp.precision.plan.Plan",
+      "mxamp.precision.plan.decide", "mxamp.precision.device_plan.DevicePlan", "mxamp.precision.device_plan.device_plan",
+      "mxamp.amp.tune", "mxamp.precision.policy.Policy", "mxamp.doctor.main"]),
 ]
 
 

@@ -10,7 +10,7 @@ the model-zoo weights if you have them), run it once, convert it with
 that ``SymbolBlock.imports`` loads it back with its casts.
 
 ``import mxamp`` comes before the first oneDNN operator so that it can switch oneDNN to Intel
-AMX where the CPU has it (bfloat16 is much faster with AMX; see ``mxamp.cpu``). What the
+AMX where the CPU has it (bfloat16 is much faster with AMX; see ``mxamp.backend.cpu``). What the
 converted model computes depends on the CPU's bfloat16 class, and the script prints it: on a CPU
 without bfloat16 kernels (class 'none') it computes in float32, with float32's outputs.
 """
@@ -21,7 +21,8 @@ import time
 import mxamp  # noqa: F401  (first: lets mxamp enable AMX before oneDNN starts)
 import mxnet as mx
 import numpy as np
-from mxamp import amp, cpu
+from mxamp import amp
+from mxamp.backend import cpu
 
 
 def median_ms(block, x, repeat):

@@ -169,7 +169,7 @@ def _cast_model_o2(amp, net, dtype, example_batch):
     cast_model = getattr(amp, "cast_model", None)
     if cast_model is None:
         try:
-            from mxamp.o2 import cast_model
+            from mxamp.conversion.o2 import cast_model
         except ImportError:
             raise RuntimeError("O2 mode needs mxamp (mxnet.contrib.amp has no model cast)")
     # the example batch finishes Gluon's deferred shape inference before the cast

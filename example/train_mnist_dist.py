@@ -79,7 +79,8 @@ def train_worker(args):
     """One worker's training loop (run by the launcher with the DMLC_* variables set)."""
     import mxnet as mx
     from mxnet import autograd, gluon
-    from mxamp import amp, distributed
+    from mxamp import amp
+    from mxamp.training import distributed
 
     dtype = args.dtype
     if dtype == "auto":

@@ -15,7 +15,7 @@
 Every public function of :mod:`mxamp.amp` is re-exported here, so ``import mxamp;
 mxamp.init()`` works too.
 """
-__version__ = "0.1.0"
+from mxamp._version import __version__  # noqa: F401
 
 _MISSING_MXNET = (
     "mxamp needs an MXNet 1.9.1 build, and none is importable ({err}). Install one with the "
@@ -24,8 +24,8 @@ _MISSING_MXNET = (
 )
 
 # Before MXNet's first oneDNN primitive: with MXAMP_AMX=1 (an opt-in: AMX is off by default),
-# lets oneDNN use AMX where the CPU and kernel allow it; see mxamp/cpu.py for the import order.
-from . import cpu as _cpu  # noqa: E402
+# lets oneDNN use AMX where the CPU and kernel allow it; see mxamp/backend/cpu.py for the import order.
+from mxamp.backend import cpu as _cpu  # noqa: E402
 _cpu.enable_amx_if_possible()
 
 try:
@@ -33,10 +33,10 @@ try:
 except ImportError as _err:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(_MISSING_MXNET.format(err=_err)) from _err
 
-from . import amp  # noqa: E402
-from .amp import *  # noqa: E402,F401,F403
-from .amp import __all__ as _amp_all  # noqa: E402
-from . import patching as _patching  # noqa: E402
+from mxamp import amp  # noqa: E402
+from mxamp.amp import *  # noqa: E402,F401,F403
+from mxamp.amp import __all__ as _amp_all  # noqa: E402
+from mxamp.patching import patcher as _patching  # noqa: E402
 
 # The facts amp.init needs (MXNet's generated operator functions, the op lists), computed once
 # here so that amp.init itself takes a few milliseconds.

@@ -8,21 +8,22 @@ working. What each function does lives in its own module; this one only gathers 
 >>> 'FullyConnected' in amp.list_lp16_ops('bfloat16')
 True
 """
-from . import dtypes, lists
-from .convert import (convert_bucketing_module, convert_hybrid_block, convert_model,
-                      convert_symbol)
-from .compare import accuracy_report
-from .cpu import cpu_features
-from .plan import precision_plan
-from .lists import symbol_bf16, symbol_fp16  # noqa: F401  (amp.lists.symbol_fp16, ...)
-from .opfuncs import lists_for
-from .o2 import cast_model
-from .patching import (disabled, init, is_initialized, op_lists, patch_state, precision_of, reset,
-                       target_dtype)
-from . import loss_outputs  # noqa: F401  (registers the op that scales loss-output gradients)
-from .trainer import global_norm_and_overflow, init_trainer, loss_scaler, scale_loss, unscale
-from .policy import Policy
-from .tuning import tune
+from mxamp import dtypes, lists
+from mxamp.conversion.convert import (convert_bucketing_module, convert_hybrid_block,
+                                      convert_model, convert_symbol)
+from mxamp.compare import accuracy_report
+from mxamp.backend.cpu import cpu_features
+from mxamp.precision.plan import precision_plan
+from mxamp.lists import symbol_bf16, symbol_fp16
+from mxamp.precision.resolve import lists_for
+from mxamp.conversion.o2 import cast_model
+from mxamp.patching.patcher import (disabled, init, is_initialized, op_lists, patch_state,
+                                    precision_of, reset, target_dtype)
+from mxamp.patching import loss_outputs
+from mxamp.training.trainer import (global_norm_and_overflow, init_trainer, loss_scaler,
+                                    scale_loss, unscale)
+from mxamp.precision.policy import Policy
+from mxamp.tuning import tune
 
 __all__ = [
     "init", "init_trainer", "scale_loss", "unscale", "convert_symbol", "convert_model",

@@ -1,7 +1,7 @@
 """Accuracy report: run a model in float32 and converted, on the same input, layer by layer.
 
 :func:`accuracy_report` converts a Gluon HybridBlock with
-:func:`mxamp.convert.convert_hybrid_block`,
+:func:`mxamp.conversion.convert.convert_hybrid_block`,
 runs both graphs on the same batch with every layer's output exposed, and returns an
 :class:`AccuracyReport`: the relative L2 error of each layer's output against float32, the dtype
 each layer ran in, the count of ops per dtype, the number of casts, and the agreement of the
@@ -16,7 +16,7 @@ From a shell, on a Gluon model-zoo network (Xavier init, seeded random images)::
 >>> net = mx.gluon.nn.Dense(4, in_units=8)
 >>> net.initialize()
 >>> report = accuracy_report(net, mx.nd.ones((2, 8)), 'bfloat16')
->>> from mxamp.cpu import cpu_features       # float32 where the CPU has no bfloat16 kernels
+>>> from mxamp.backend.cpu import cpu_features       # float32 where the CPU has no bfloat16 kernels
 >>> ran = 'float32' if cpu_features().bf16_class == 'none' else 'bfloat16'
 >>> report.layers[0].op, report.layers[0].dtype == ran
 ('FullyConnected', True)
@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 import mxnet as mx
 import numpy as np
 
-from . import dtypes
-from .convert import convert_hybrid_block
-from .gluon_graph import trace_graph
-from .mxnet_private import BlockView, NumpySymbol
-from .precision_pass import CAST_OPS, cast_nodes, graph_nodes, output_dtypes
+from mxamp import dtypes
+from mxamp.conversion.convert import convert_hybrid_block
+from mxamp.conversion.graph import trace_graph
+from mxamp.backend.mxnet_private import BlockView, NumpySymbol
+from mxamp.backend.graphs import CAST_OPS, cast_nodes, graph_nodes, output_dtypes
 
 
 @dataclass
@@ -138,7 +138,7 @@ def accuracy_report(block, inputs, target_dtype="bfloat16", **convert_options):
     """Convert ``block`` and compare it with float32 on ``inputs``, layer by layer.
 
     ``inputs`` is an NDArray (or a list, one per forward argument); ``convert_options`` go to
-    :func:`~mxamp.convert.convert_hybrid_block` (``excluded_sym_names``, ``fp32_ops``, ...).
+    :func:`~mxamp.conversion.convert.convert_hybrid_block` (``excluded_sym_names``, ``fp32_ops``, ...).
     Output agreement is measured on the model's first output.
     The block is run on the CPU, so the target must be one the CPU computes (bfloat16).
 

@@ -1,7 +1,7 @@
 """``python -m mxamp.doctor``: what mixed precision does on this machine, and how fast it is.
 
-Prints the MXNet build, the CPU and the bfloat16 class mxamp decided for it (:mod:`mxamp.cpu`),
-what ``amp.init`` does for each ``target_dtype`` here (:mod:`mxamp.devices`), oneDNN's own
+Prints the MXNet build, the CPU and the bfloat16 class mxamp decided for it (:mod:`mxamp.backend.cpu`),
+what ``amp.init`` does for each ``target_dtype`` here (:mod:`mxamp.precision.device_plan`), oneDNN's own
 report of its ISA, and a few-second timing of one GEMM and one convolution in float32 and in
 bfloat16 on this machine. The bfloat16 kernels are first tried in a child process: on a CPU
 without them oneDNN raises ("could not create a primitive descriptor iterator"), which the
@@ -19,18 +19,20 @@ True
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import textwrap
-import time
 
 import mxnet as mx
 
-from . import __version__, devices, dtypes
-from .cpu import cpu_features, read_cpuinfo
-from .plan import precision_plan
-from .probe import cache_path, machine_probe
+from mxamp.precision.device_plan import op_summary
+from mxamp import dtypes
+from mxamp._version import __version__
+from mxamp.backend import env
+from mxamp.backend.timing import time_calls
+from mxamp.backend.cpu import cpu_features, read_cpuinfo
+from mxamp.precision.plan import precision_plan
+from mxamp.backend.probe import cache_path, machine_probe
 
 # (name, builder) of the two workloads timed: shapes of a transformer FFN and a ResNet stage.
 GEMM = "FullyConnected 256x1024 @ 1024x1024"
@@ -82,9 +84,9 @@ def _has_dist(metadata, name):
 
 def _probe_onednn():
     """oneDNN's ISA line and the fate of a bf16 GEMM and convolution, from a fresh child."""
-    env = dict(os.environ, DNNL_VERBOSE="1")
+    verbose = dict(os.environ, DNNL_VERBOSE="1")
     proc = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
-                          env=env, timeout=120)
+                          env=verbose, timeout=120)
     lines = proc.stdout.splitlines() + proc.stderr.splitlines()
     isa = next((l.split("isa:", 1)[1] for l in lines if ",info,cpu,isa:" in l), "unknown")
     found = [json.loads(l[len("RESULT "):]) for l in lines if l.startswith("RESULT ")]
@@ -97,15 +99,9 @@ def _probe_onednn():
 
 def _time(fn, seconds):
     """Median milliseconds of ``fn()`` (synchronised) over about ``seconds``."""
-    fn().wait_to_read()  # warm-up: primitive creation, allocation
-    samples, start = [], time.perf_counter()
-    while len(samples) < 3 or time.perf_counter() - start < seconds:
-        t = time.perf_counter()
-        fn().wait_to_read()
-        samples.append((time.perf_counter() - t) * 1e3)
-        if len(samples) >= 200:
-            break
-    return statistics.median(samples)
+    # one warm-up (primitive creation, allocation), then at least 3 calls and ``seconds``
+    return time_calls(lambda: fn().wait_to_read(), repeats=3, min_seconds=seconds,
+                      at_most=200).median * 1e3
 
 
 def _workloads(dtype_name):
@@ -135,7 +131,7 @@ def collect(timing=True, probe=True, seconds=0.5):
         "build": _build(),
         "cpu": {"model": model or "unknown", "logical_cores": os.cpu_count(),
                 "vector_flags": sorted(f for f in flags if f.startswith(("avx", "amx"))),
-                "DNNL_MAX_CPU_ISA": os.environ.get("DNNL_MAX_CPU_ISA"),
+                "DNNL_MAX_CPU_ISA": env.value("DNNL_MAX_CPU_ISA"),
                 "bf16_class": features.bf16_class, "bf16_reason": features.bf16_reason,
                 "decided_ms": features.decided_ms, "amx_enabled": features.amx_enabled,
                 "amx_in_effect": features.amx_in_effect, "amx_check": features.amx_check,
@@ -148,7 +144,7 @@ def collect(timing=True, probe=True, seconds=0.5):
             plan = precision_plan(target, ctx)
             facts["plans"]["%s/%s" % (place, target)] = {
                 "compute": plan.compute, "summary": plan.summary(),
-                "fp32_ops": devices.op_summary(plan.fp32_ops) if plan.target == "bfloat16"
+                "fp32_ops": op_summary(plan.fp32_ops) if plan.target == "bfloat16"
                 else ""}
     runs = {"gemm": "not probed", "conv": "not probed"}
     if probe:

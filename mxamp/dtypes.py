@@ -13,7 +13,7 @@ True
 """
 import numpy as np
 
-from .errors import AmpArgumentError
+from mxamp.errors import AmpArgumentError
 
 #: MXNet's bfloat16 dtype object (what ``NDArray.dtype`` reports for bf16 arrays).
 BFLOAT16 = np.dtype([("bfloat16", np.uint16)])
@@ -22,7 +22,7 @@ FLOAT32 = np.dtype(np.float32)
 
 #: The low-precision targets mxamp supports, by canonical name.
 TARGETS = ("float16", "bfloat16")
-#: A request for the best target of the device (see :mod:`mxamp.devices`).
+#: A request for the best target of the device (see :mod:`mxamp.precision.device_plan`).
 AUTO = "auto"
 
 #: MXNet's integer type flags (``mshadow::TypeFlag``) of the float types mxamp deals with.

@@ -33,7 +33,7 @@ import threading
 import time
 
 try:
-    from .errors import AmpArgumentError
+    from mxamp.errors import AmpArgumentError
 except ImportError:  # run as a file (python mxamp/launch.py): no package, and no MXNet import
     from errors import AmpArgumentError  # pylint: disable=import-error
 

@@ -30,16 +30,20 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 
 import mxnet as mx
 
-from . import devices, dtypes, patching, plan
-from .errors import AmpArgumentError
-from .lists.conditions import Condition
-from .mxnet_private import ParamView
-from .policy import FLOAT32, Policy, format_table
-from .precision_pass import node_data_shape
+from mxamp.backend.devices import GPU, device_of
+from mxamp.precision.device_plan import target_for
+from mxamp import dtypes
+from mxamp.patching import patcher as patching
+from mxamp.precision import plan
+from mxamp.errors import AmpArgumentError
+from mxamp.lists.conditions import Condition
+from mxamp.backend.mxnet_private import ParamView
+from mxamp.precision.policy import FLOAT32, Policy, format_table
+from mxamp.backend.graphs import data_shapes_of, graph_nodes
+from mxamp.backend.timing import time_calls
 
 #: A candidate must beat float32 by this margin to be kept (timing noise on small steps).
 MIN_GAIN = 1.02
@@ -65,16 +69,11 @@ def _graph_ops(net, example, train=True):
     if isinstance(sym, (list, tuple)):
         sym = mx.sym.Group(_flat_symbols(sym))
     shapes = {("data%d" % i if len(args) > 1 else "data"): a.shape for i, a in enumerate(args)}
-    nodes = json.loads(sym.tojson())["nodes"]
-    internals = sym.get_internals()
-    outputs = internals.list_outputs()
-    convs = []
-    for node in nodes:
-        if node["op"] in _CONV_OPS:
-            # each convolution's input alone: the rest of the graph need not infer
-            shape = node_data_shape(internals, outputs, node["name"], shapes)
-            convs.append((node.get("attrs", {}), shape))
-    return convs, {n["op"] for n in nodes}
+    nodes = graph_nodes(sym)
+    convs = [n for n in nodes if n["op"] in _CONV_OPS]
+    conv_shapes = data_shapes_of(sym, convs, shapes)
+    return ([(n.get("attrs", {}), conv_shapes[n["name"]]) for n in convs],
+            {n["op"] for n in nodes})
 
 
 def _leaves(value):
@@ -196,21 +195,17 @@ def _time_policy(policy, step, steps, profile, give_up_ms=math.inf,
         mx.profiler.set_config(profile_all=True, aggregate_stats=True,
                                filename=_profile_file())
         mx.profiler.set_state("run")
-    best, done, timed = math.inf, 0, 0.0
+    timing = None
     try:
-        while done < steps:
-            start = time.perf_counter()
-            step()
-            took = time.perf_counter() - start
-            best, done, timed = min(best, took), done + 1, timed + took
-            if best * 1e3 > give_up_ms or timed >= enough_seconds:
-                break
+        timing = time_calls(step, repeats=steps, warmup=0, at_most=steps,
+                            stop=lambda s: min(s) * 1e3 > give_up_ms or sum(s) >= enough_seconds)
     finally:
         top = []
         if profile:
             mx.profiler.set_state("stop")
-            top = _top_ops(mx.profiler.dumps(reset=True, format="json"), done)
-    return best * 1e3, top
+            top = _top_ops(mx.profiler.dumps(reset=True, format="json"),
+                           len(timing.samples) if timing else 0)
+    return timing.best * 1e3, top
 
 
 _PROFILE_DIR = []
@@ -264,9 +259,9 @@ def tune(net, example_batch, loss_fn=None, trainer=None, target_dtype="auto", tr
         raise AmpArgumentError("example_batch must be an NDArray or a tuple of NDArrays")
     if steps < 1:
         raise AmpArgumentError("steps must be at least 1, got %r" % (steps,))
-    device = devices.device_of(batch[0].context)
+    device = device_of(batch[0].context)
     # what the target itself computes here ('auto' is what is being decided, by timing)
-    target = plan.target_of(target_dtype, device)
+    target = target_for(target_dtype, device)
     here = plan.make(target, [device]).primary
     policies = candidates_ or candidates(net, example_batch, target, train)
     if not here.low_precision and candidates_ is None:
@@ -314,7 +309,7 @@ def tune(net, example_batch, loss_fn=None, trainer=None, target_dtype="auto", tr
     if report is not None:
         why = "" if here.low_precision else " (%s)" % here.reason
         report.write("mxamp tune on %s%s:\n%s\n" % (
-            "a GPU" if device == devices.GPU else "a CPU of class %r" % device, why,
+            "a GPU" if device == GPU else "a CPU of class %r" % device, why,
             format_table(rows)))
         if not here.low_precision:
             report.write("  nothing computes in %s here: keeping float32 compute\n" % target)

@@ -19,7 +19,7 @@ class       when                                                        a bf16 G
             ``AVX512_CORE_AMX`` and mxamp's AMX switch on (see below)
 =========== =========================================================== =====================
 
-mxamp's AMX switch (``mxamp.cpu``): off unless ``MXAMP_AMX=1``; ``MXAMP_DISABLE_AMX`` turns it
+mxamp's AMX switch (``mxamp.backend.cpu``): off unless ``MXAMP_AMX=1``; ``MXAMP_DISABLE_AMX`` turns it
 off, or the user set ``DNNL_MAX_CPU_ISA``/``MKLDNN_MAX_CPU_ISA`` (a user cap of
 ``AVX512_CORE_AMX`` counts as on). Tests of bfloat16 behaviour read the names below and assert
 what is right for the class they run on. Such tests carry the ``cpu_class`` marker:

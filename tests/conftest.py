@@ -21,7 +21,7 @@ def seed():
 @pytest.fixture
 def amp_off():
     """Make sure AMP is off before and after the test."""
-    from mxamp import patching
+    from mxamp.patching import patcher as patching
     patching.reset()
     yield
     patching.reset()

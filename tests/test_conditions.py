@@ -14,7 +14,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from mxamp import amp, cpu
+from mxamp import amp
+from mxamp.backend import cpu
 from mxamp.lists import get_op_lists
 from mxamp.lists.conditions import Condition, normalize_value, shape_value, value_matches
 
@@ -290,7 +291,7 @@ def test_convert_guards_by_the_shapes_of_the_blocks_last_call(forced_class, capl
     reads the shapes of that call, so ResNet-50's 7x7 stage keeps bfloat16 on AMX (before,
     unknown shapes sent every 1x1 convolution to float32: 1.19x instead of ~2.75x)."""
     forced_class("amx")
-    from mxamp.gluon_graph import hook_block_graphs
+    from mxamp.runtime.hooks import hook_block_graphs
     hook_block_graphs()
     net = mx.gluon.nn.HybridSequential()
     net.add(mx.gluon.nn.Conv2D(64, 1, in_channels=64, use_bias=False))
@@ -336,8 +337,8 @@ def test_shape_conditions_in_convert_with_symbol_api_names(forced_class):
     x = mx.sym.var("data")
     stem = mx.sym.Convolution(x, kernel=(3, 3), num_filter=16, name="stem")
     body = mx.sym.Convolution(stem, kernel=(3, 3), num_filter=16, name="body")
-    from mxamp.precision_pass import conditional_fp32_nodes
-    from mxamp.opfuncs import lists_for
+    from mxamp.conversion.precision_pass import conditional_fp32_nodes
+    from mxamp.precision.resolve import lists_for
     lists = lists_for("bfloat16", conditional_fp32_ops=[("Convolution", "in_channels", ["<=4"])])
     assert conditional_fp32_nodes(body, lists, {"data": (2, 3, 16, 16)}) == {"stem"}
     assert conditional_fp32_nodes(body, lists, {}) == set(), (

@@ -16,9 +16,9 @@ import pytest
 
 from bf16_expect import AUTO_BY_CLASS, BF16_KERNELS, LOW, NO_KERNELS_WARNING, where
 from mxamp import amp, dtypes
-from mxamp.convert import ConvertedBlock, convert_symbol
+from mxamp.conversion.convert import ConvertedBlock, convert_symbol
 from mxamp.lists import get_op_lists
-from mxamp.precision_pass import cast_nodes, graph_nodes, output_dtypes, param_dtypes
+from mxamp.backend.graphs import cast_nodes, graph_nodes, output_dtypes, param_dtypes
 
 # Explicit lists make the exact cast counts independent of the default list data.
 FIXED_LISTS = dict(target_dtype_ops=["Convolution", "FullyConnected"], fp32_ops=["softmax"],
@@ -402,14 +402,14 @@ def test_bad_input_raises_clear_errors(resnet18):
 
 def test_op_in_no_list_runs_in_fp32_with_a_warning(caplog):
     import dataclasses
-    from mxamp.convert import _convert
+    from mxamp.conversion.convert import _convert
     lists = get_op_lists("bfloat16").with_overrides(
         target_precision_ops=FIXED_LISTS["target_dtype_ops"], fp32_ops=FIXED_LISTS["fp32_ops"])
     lists = dataclasses.replace(lists, neutral=frozenset(lists.neutral - {"Flatten"}),
                                 widest=frozenset(lists.widest - {"Flatten"}))
     fc = mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=8, name="fc1")
     sym = mx.sym.FullyConnected(mx.sym.Flatten(fc, name="flat"), num_hidden=2, name="fc2")
-    with caplog.at_level("WARNING", logger="mxamp.convert"):
+    with caplog.at_level("WARNING", logger="mxamp.conversion.convert"):
         lp = _convert(sym, lists, [], ["data"], False, True)
     assert "Flatten" in caplog.text, "no warning names the unlisted op: %r" % caplog.text
     assert output_dtypes(lp)["flat_output"] == "float32", "an unlisted op must run in float32"

@@ -1,6 +1,6 @@
-"""The CPU model (mxamp.cpu): the bfloat16 class oneDNN uses, and AMX enablement.
+"""The CPU model (mxamp.backend.cpu): the bfloat16 class oneDNN uses, and AMX enablement.
 
-Two kinds of test. The class model itself (:func:`mxamp.cpu.classify_bf16`) is a pure function
+Two kinds of test. The class model itself (:func:`mxamp.backend.cpu.classify_bf16`) is a pure function
 of CPU flags, the ISA cap and the build: it is checked for every class with synthetic flag sets,
 on any machine. Then, in fresh interpreters (oneDNN fixes its ISA once per process), the class
 mxamp decides is checked against what oneDNN itself reports (``DNNL_VERBOSE=1``) and does with a
@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from mxamp import cpu
+from mxamp.backend import cpu
 
 pytestmark = pytest.mark.cpu_class
 
@@ -27,7 +27,8 @@ BF16_FC_PROBE = """
 import json, os
 import numpy as np
 import mxnet as mx
-from mxamp import cpu, dtypes
+from mxamp import dtypes
+from mxamp.backend import cpu
 rng = np.random.RandomState(0)
 x = mx.nd.array(rng.uniform(-1, 1, (64, 256)))
 w = mx.nd.array(rng.uniform(-1, 1, (128, 256)))
@@ -145,7 +146,7 @@ def test_amx_is_opt_in_and_reported_as_it_is(order, opt_in):
     onednn_uses_amx = "AMX" in isa
     assert features["amx_in_effect"] == onednn_uses_amx, (
         "mxamp reports amx_in_effect=%s (%s) but oneDNN reports %s; on an AMX CPU this checks "
-        "the assumption that a bf16 GEMM >= %.1fx float32 means AMX (mxamp/amx.py)"
+        "the assumption that a bf16 GEMM >= %.1fx float32 means AMX (mxamp/backend/amx.py)"
         % (features["amx_in_effect"], features["amx_check"], isa, cpu.AMX_MIN_SPEEDUP))
     can_amx = _machine_can_use_amx() and _outer_cap() is None
     print("order %s, opt-in %s, machine can use AMX: %s; %s" % (order, opt_in, can_amx, isa))
@@ -229,7 +230,7 @@ def test_latch_fixes_onednn_isa_and_clears_the_variable():
     import json, os
     import mxnet as mx
     (mx.nd.ones((2, 2)) * 3).wait_to_read()
-    from mxamp import cpu
+    from mxamp.backend import cpu
     cpu._latch_onednn_isa('AVX2')
     conv = mx.nd.Convolution(mx.nd.ones((1, 16, 8, 8)), mx.nd.ones((16, 16, 3, 3)),
                              kernel=(3, 3), num_filter=16, no_bias=True)

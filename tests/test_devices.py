@@ -18,7 +18,9 @@ import pytest
 
 from bf16_expect import (AUTO_BY_CLASS, BF16_KERNELS, CPU_CLASS, HAS_AMX, LOW,
                          NO_KERNELS_WARNING, check_float32_casts, where)
-from mxamp import amp, devices, dtypes
+from mxamp.precision import device_plan as devices
+from mxamp.precision.device_plan import amx_idle_here, cpu_notice, device_plan, target_for
+from mxamp import amp, dtypes
 from mxamp.lists import get_op_lists
 
 
@@ -41,8 +43,8 @@ NATIVE = AUTO_BY_CLASS == "bfloat16"
 def test_plan_table(requested, device, compute, monkeypatch):
     monkeypatch.setattr(devices, "amx_idle_here", lambda device: False)  # any machine
     monkeypatch.setenv("MXAMP_PROBE", "0")                                # the class rule
-    lists = get_op_lists(devices.target_for(requested, device))
-    plan = devices.device_plan(requested, lists, device)
+    lists = get_op_lists(target_for(requested, device))
+    plan = device_plan(requested, lists, device)
     assert plan.compute == compute, plan.describe()
     assert plan.low_precision == (compute != "float32")
     if compute == "float32":
@@ -56,7 +58,7 @@ def test_plan_table(requested, device, compute, monkeypatch):
 
 def test_plan_rejects_unknown_devices_and_requests():
     with pytest.raises(ValueError, match="device must be 'gpu' or a CPU class"):
-        devices.device_plan("bfloat16", get_op_lists("bfloat16"), "tpu")
+        device_plan("bfloat16", get_op_lists("bfloat16"), "tpu")
     with pytest.raises(ValueError, match="or 'auto'"):
         amp.precision_plan("int8")
 
@@ -64,20 +66,20 @@ def test_plan_rejects_unknown_devices_and_requests():
 def test_speed_claims_are_true_for_their_class(monkeypatch):
     """Checks decisions only: each class is named, and AMX hardware is forced on and off."""
     lists = get_op_lists("bfloat16")
-    none = devices.cpu_notice(devices.device_plan("bfloat16", lists, "none"))
-    emulated = devices.cpu_notice(devices.device_plan("bfloat16", lists, "emulated"))
+    none = cpu_notice(device_plan("bfloat16", lists, "none"))
+    emulated = cpu_notice(device_plan("bfloat16", lists, "emulated"))
     assert "nothing is faster than float32" in none and "SLOWER" not in none, none
     assert "SLOWER than float32" in emulated and "no bfloat16 kernels" not in emulated, emulated
     monkeypatch.setattr(devices, "amx_idle_here", lambda device: False)
-    native = devices.cpu_notice(devices.device_plan("bfloat16", lists, "native"))
+    native = cpu_notice(device_plan("bfloat16", lists, "native"))
     assert native == "", "native computes bf16 in hardware: nothing to warn about: %s" % native
     monkeypatch.setattr(devices, "amx_idle_here", lambda device: device == "native")
-    idle = devices.cpu_notice(devices.device_plan("bfloat16", lists, "native"))
+    idle = cpu_notice(device_plan("bfloat16", lists, "native"))
     assert "WITHOUT AMX" in idle and "0.68-0.90x" in idle, "AMX hardware left off: %s" % idle
-    on_amx = devices.cpu_notice(devices.device_plan("bfloat16", lists, "amx"))
+    on_amx = cpu_notice(device_plan("bfloat16", lists, "amx"))
     assert "AMX tiles (in effect" in on_amx and "BatchNorm backward" in on_amx, on_amx
     assert "amp.tune(net, batch)" in on_amx, "name the way out of the slow kernels: %s" % on_amx
-    assert devices.cpu_notice(devices.device_plan("auto", lists, "none")) == "", "'auto' never warns"
+    assert cpu_notice(device_plan("auto", lists, "none")) == "", "'auto' never warns"
 
 
 def test_amx_cpu_with_amx_off_is_said_and_auto_keeps_float32(monkeypatch):
@@ -85,20 +87,20 @@ def test_amx_cpu_with_amx_off_is_said_and_auto_keeps_float32(monkeypatch):
     0.68-0.90x float32: 'auto' computes in float32 and a bfloat16 request warns with the fix.
     Checks decisions only (the class and the AMX hardware are forced; the probe is off)."""
     from dataclasses import replace
-    from mxamp import cpu
+    from mxamp.backend import cpu
     idle = replace(cpu.cpu_features(), bf16_class="native", amx_bf16=True, amx_in_effect=False,
                    reason="off by default")
     monkeypatch.setattr(cpu, "_CLASSIFIED", idle)
     monkeypatch.setenv("MXAMP_PROBE", "0")   # without a measurement, the class rule decides
     lists = get_op_lists("bfloat16")
-    assert devices.amx_idle_here("native")
-    auto = devices.device_plan("auto", lists, "native")
+    assert amx_idle_here("native")
+    auto = device_plan("auto", lists, "native")
     assert auto.compute == "float32" and "MXAMP_AMX=1" in auto.reason, auto.describe()
-    text = devices.cpu_notice(devices.device_plan("bfloat16", lists, "native"))
+    text = cpu_notice(device_plan("bfloat16", lists, "native"))
     assert "WITHOUT AMX" in text and "MXAMP_AMX=1" in text and "0.68-0.90x" in text, text
     monkeypatch.setattr(cpu, "_CLASSIFIED", replace(idle, amx_bf16=False))
-    assert devices.device_plan("auto", lists, "native").compute == "bfloat16", "Zen 5-like native"
-    assert devices.cpu_notice(devices.device_plan("bfloat16", lists, "native")) == ""
+    assert device_plan("auto", lists, "native").compute == "bfloat16", "Zen 5-like native"
+    assert cpu_notice(device_plan("bfloat16", lists, "native")) == ""
 
 
 @pytest.mark.cpu_class
@@ -296,7 +298,7 @@ def test_convert_hybrid_block_auto(seed):
     net.hybridize()
     x = mx.nd.random.uniform(shape=(2, 3, 6, 6))
     want = net(x).asnumpy()
-    from mxamp.precision_pass import cast_nodes
+    from mxamp.backend.graphs import cast_nodes
     lp = amp.convert_hybrid_block(net, "auto")
     out = lp(x).asnumpy()
     casts = cast_nodes(lp._cached_graph[1])

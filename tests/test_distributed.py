@@ -67,7 +67,8 @@ def _losses(mx, net, rank, step, inject):
 def _train(args):
     """AMP training; rank INJECT_RANK makes its loss inf at step INJECT_STEP."""
     import mxnet as mx
-    from mxamp import amp, distributed
+    from mxamp import amp
+    from mxamp.training import distributed
     hvd_rank = 0
     if args.horovod:
         import horovod.mxnet as hvd
@@ -119,7 +120,7 @@ def _train(args):
 def _start(args):
     """No AMP: workers start from different weights; before_first_step must align them."""
     import mxnet as mx
-    from mxamp import distributed
+    from mxamp.training import distributed
     store = mx.kv.create("dist_sync")
     net = _net(mx, offset=store.rank)
     uok = args.update_on_kvstore == "true"
@@ -141,7 +142,8 @@ def _start(args):
 def _collectives(args):
     """The kvstore sum of non-finite values, gather / any_worker / check_scaler_in_sync."""
     import mxnet as mx
-    from mxamp import amp, distributed
+    from mxamp import amp
+    from mxamp.training import distributed
     store = mx.kv.create("dist_sync")
     rank = store.rank
     inf, nan = float("inf"), float("nan")
@@ -406,7 +408,7 @@ def test_kvstore_sums_of_non_finite_values_and_mxamp_collectives(tmp_path):
 
 def test_before_first_step_rejects_what_it_cannot_make_deterministic():
     import mxnet as mx
-    from mxamp import distributed
+    from mxamp.training import distributed
     deferred = mx.gluon.nn.Dense(3)
     deferred.initialize()
     trainer = mx.gluon.Trainer(deferred.collect_params(), "sgd", kvstore="dist_sync",

@@ -15,18 +15,32 @@ def test_api_page_is_generated_from_the_current_docstrings():
                                   % (proc.stdout[-1500:], proc.stderr[-1500:]))
 
 
-def test_architecture_page_lists_every_module():
+def test_architecture_page_is_one_table_of_the_tree():
+    """docs/architecture.md's table names every module of the package, and only those."""
     text = open(os.path.join(ROOT, "docs", "architecture.md")).read()
-    missing = []
+    rows = re.findall(r"^\| [a-z ]+ \| \d \| `([^`]+\.py)` \|", text, re.M)
+    assert len(rows) == len(set(rows)), "a module is in the table twice: %s" % sorted(
+        r for r in rows if rows.count(r) > 1)
+    on_disk = set()
     for folder, _, files in os.walk(os.path.join(ROOT, "mxamp")):
-        for name in sorted(files):
-            if not name.endswith(".py"):
-                continue
-            rel = os.path.relpath(os.path.join(folder, name), os.path.join(ROOT, "mxamp"))
-            shown = rel.replace(os.sep, "/")
-            if "`%s`" % shown not in text and "`%s`" % shown.split("/")[-1] not in text:
-                missing.append(shown)
-    assert not missing, "docs/architecture.md does not describe: %s" % missing
+        on_disk |= {os.path.relpath(os.path.join(folder, n), os.path.join(ROOT, "mxamp"))
+                    .replace(os.sep, "/") for n in files if n.endswith(".py")}
+    assert not on_disk - set(rows), "docs/architecture.md's table lacks: %s" % sorted(
+        on_disk - set(rows))
+    assert not set(rows) - on_disk, "docs/architecture.md names modules that do not exist: %s" \
+        % sorted(set(rows) - on_disk)
+
+
+def test_the_table_ranks_agree_with_the_rank_test():
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import test_layers
+    text = open(os.path.join(ROOT, "docs", "architecture.md")).read()
+    for rank, path in re.findall(r"^\| [a-z ]+ \| (\d) \| `([^`]+\.py)` \|", text, re.M):
+        module = "mxamp." + path[:-3].replace("/", ".")
+        module = module[:-len(".__init__")] if module.endswith(".__init__") else module
+        assert test_layers.RANKS[test_layers.unit_of(module)] == int(rank), \
+            "%s has rank %s in docs/architecture.md, %d in tests/test_layers.py" % (
+                path, rank, test_layers.RANKS[test_layers.unit_of(module)])
 
 
 def test_readme_says_what_ci_runs():

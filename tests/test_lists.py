@@ -19,11 +19,11 @@ import mxnet as mx
 
 from bf16_expect import CPU_CLASS, where
 from mxamp import amp
-from mxamp.cpu import BF16_CLASSES
+from mxamp.backend.cpu import BF16_CLASSES
 from mxamp.lists import bfloat16 as bf16_data
 from mxamp.lists import float16 as fp16_data
 from mxamp.lists import get_op_lists
-from mxamp.opfuncs import op_info
+from mxamp.backend.registry import op_info
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGETS = ("float16", "bfloat16")

@@ -14,9 +14,9 @@ import sys
 import pytest
 
 import mxamp.lists.__main__ as cli
-from mxamp.cpu import BF16_CLASSES
+from mxamp.backend.cpu import BF16_CLASSES
 from mxamp.lists import bfloat16, common, float16, get_op_lists
-from mxamp.opfuncs import registered_ops
+from mxamp.backend.registry import registered_ops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGETS = ("float16", "bfloat16")

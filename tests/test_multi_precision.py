@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from mxnet import autograd, gluon
 
-from mxamp import amp, dtypes, optimizers
+from mxamp import amp, dtypes
+from mxamp.training import optimizers
 
 pytestmark = pytest.mark.cpu_class
 

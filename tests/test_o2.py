@@ -16,7 +16,7 @@ from mxnet.gluon import nn
 
 from bf16_expect import BF16_KERNELS, LOW_NAME, check_float32_casts, where
 from mxamp import amp, dtypes
-from mxamp.o2 import cast_model  # the facade's amp.cast_model
+from mxamp.conversion.o2 import cast_model  # the facade's amp.cast_model
 
 
 def dtype_name(param_or_dtype):
@@ -217,7 +217,7 @@ def test_bf16_embedding_and_dropout_compute_in_fp32_islands():
         import mxnet as mx, numpy as np
         from mxnet.gluon import nn
         from mxamp import dtypes
-        from mxamp.o2 import cast_model
+        from mxamp.conversion.o2 import cast_model
         mx.random.seed(3)
         net = nn.HybridSequential()
         net.add(nn.Embedding(50, 8), nn.Dropout(0.5), nn.Dense(4, flatten=False))

@@ -20,8 +20,8 @@ import pytest
 import mxamp
 from mxamp import amp, dtypes
 from mxamp.errors import AmpArgumentError
-from mxamp.precision_pass import cast_nodes, graph_nodes
-from mxamp.scaler import DEFAULTS, STATE_VERSION, LossScaler
+from mxamp.backend.graphs import cast_nodes, graph_nodes
+from mxamp.training.scaler import DEFAULTS, STATE_VERSION, LossScaler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -5,7 +5,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from mxamp import dtypes, overflow
+from mxamp import dtypes
+from mxamp.training import overflow
 
 INF, NAN = float("inf"), float("nan")
 
@@ -169,7 +170,7 @@ def test_probe_without_onednn_propagates_nan_too():
     """MXNET_MKLDNN_ENABLED=0: FullyConnected runs on MXNet's own BLAS path."""
     import subprocess
     import sys
-    code = ("import mxnet as mx; from mxamp import overflow\n"
+    code = ("import mxnet as mx; from mxamp.training import overflow\n"
             "a = mx.nd.ones((512, 256)); b = a.copy(); b[7, 9] = float('nan')\n"
             "c = a.copy(); c[511, 255] = float('-inf')\n"
             "print(overflow.check_finite([a, b, c]).bad_indices)")

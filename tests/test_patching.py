@@ -12,7 +12,8 @@ import pytest
 from mxnet import autograd, gluon
 
 from bf16_expect import BF16_KERNELS, LOW, check_float32_casts, where
-from mxamp import amp, patching
+from mxamp import amp
+from mxamp.patching import patcher as patching
 from mxamp.dtypes import BFLOAT16
 
 BF16 = BFLOAT16
@@ -288,7 +289,7 @@ def test_numpy_interface(amp_bf16, seed):
     assert y.dtype == LOW, "npx.fully_connected runs in %s %s" % (LOW, where())
     check_float32_casts(y)
     assert isinstance(y, mx.np.ndarray), "casts keep the numpy array type"
-    from mxamp.casting import cast_ndarray
+    from mxamp.runtime.casting import cast_ndarray
     y = cast_ndarray(y, "bfloat16")                 # a bf16 numpy array on every class
     assert mx.npx.relu(y).dtype == BF16
     assert mx.np.exp(y).dtype == F32, "exp runs in float32"
@@ -386,7 +387,7 @@ def test_disabled_is_scoped(amp_bf16):
 
 
 def test_weight_cast_once_per_recorded_forward(amp_bf16, seed):
-    from mxamp.state import STATE
+    from mxamp.runtime.state import STATE
     RECORDING_CASTS = STATE.recording_casts
     x, w = _nd((4, 8)), _nd((8, 8))
     w.attach_grad()
@@ -474,7 +475,7 @@ def test_fp16_families_on_symbol_numpy_and_gluon(amp_fp16, seed):
 
 def test_weight_cast_cache_on_every_class(amp_off, seed):
     """The per-record() cast cache, through an op with a bfloat16 kernel on every CPU."""
-    from mxamp.state import STATE
+    from mxamp.runtime.state import STATE
     RECORDING_CASTS = STATE.recording_casts
     amp.init("bfloat16", target_precision_ops=["broadcast_mul"])
     x, w = _nd((4, 8)), _nd((1, 8))

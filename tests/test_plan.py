@@ -1,31 +1,22 @@
-"""One place decides precision (mxamp.plan): every entry point reads the same plan, and a tuned
+"""One place decides precision (mxamp.precision.plan): every entry point reads the same plan, and a tuned
 policy is one more input of it, not a separate path.
 
 Decisions are checked with the CPU class forced where they depend on it (nothing runs in
 bfloat16 here unless the machine computes it). They check decisions only: no ``cpu_class``
 marker."""
-import ast
-import pathlib
 from dataclasses import replace
 
 import mxnet as mx
 import numpy as np
 import pytest
 
-import mxamp
-from mxamp import amp, cpu, plan
+from mxamp import amp
+from mxamp.backend import cpu
+from mxamp.precision import plan
 from mxamp.errors import AmpArgumentError
-from mxamp.state import STATE
+from mxamp.runtime.state import STATE
 from test_conditions import _graph_casts
 
-
-PACKAGE = pathlib.Path(mxamp.__file__).parent
-#: The functions that turn a request into op lists and device plans.
-DECIDING = {"device_plan", "lists_for", "target_for"}
-#: Where they may be called: the plan, the modules that define them, the policy (its
-#: init_kwargs spell the default lists out), and amp.py's list queries (amp.list_fp32_ops, ...:
-#: the reference's read-only views of the lists, no decision).
-MAY_CALL = {"plan.py", "devices.py", "opfuncs.py", "policy.py", "amp.py"}
 
 STEM_POLICY = amp.Policy("bfloat16, stem in float32", "bfloat16",
                          conditional_fp32_ops=[["Convolution", "in_channels", ["<=4"]]])
@@ -64,18 +55,8 @@ def _decisions():
     return [amp.precision_of(op, data_shape=shape, **params)[0] for op, shape, params in CALLS]
 
 
-def test_only_the_plan_turns_requests_into_lists_and_device_plans():
-    offenders = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if path.parent == PACKAGE and path.name in MAY_CALL:
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            name = (node.attr if isinstance(node, ast.Attribute)
-                    else node.id if isinstance(node, ast.Name) else None)
-            if name in DECIDING:
-                offenders.append("%s:%d %s" % (path.relative_to(PACKAGE), node.lineno, name))
-    assert not offenders, ("entry points must read mxamp.plan.make's Plan instead of resolving "
-                           "lists or device plans themselves: %s" % offenders)
+# test_only_the_plan_turns_requests_into_lists_and_device_plans moved to tests/test_layers.py
+# (test_only_the_precision_unit_resolves_lists_and_device_plans), where the ranks replace MAY_CALL.
 
 
 def test_init_keeps_the_plan_it_made(native):

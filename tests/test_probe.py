@@ -8,7 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from mxamp import amp, cpu, devices, probe
+from mxamp.precision.device_plan import cpu_notice, device_plan
+from mxamp import amp
+from mxamp.backend import cpu, probe
 from mxamp.lists import get_op_lists
 
 
@@ -51,11 +53,11 @@ def test_speedup_is_the_geometric_mean_of_kernel_ratios():
 def test_auto_follows_the_measurement_not_the_class(injected, rows, want):
     use, _ = injected
     use(rows)
-    plan = devices.device_plan("auto", get_op_lists("bfloat16"), "native")
+    plan = device_plan("auto", get_op_lists("bfloat16"), "native")
     assert plan.compute == want, plan.describe()
     if want == "float32":
         assert "measured %.2fx float32" % probe.speedup_of(rows) in plan.reason, plan.reason
-    explicit = devices.device_plan("bfloat16", get_op_lists("bfloat16"), "native")
+    explicit = device_plan("bfloat16", get_op_lists("bfloat16"), "native")
     assert explicit.compute == "bfloat16", "an explicit request is not second-guessed"
 
 
@@ -87,7 +89,7 @@ def test_probe_off_leaves_auto_to_the_class(injected, monkeypatch):
     use, calls = injected
     use(SLOW)
     monkeypatch.setenv("MXAMP_PROBE", "0")
-    assert devices.device_plan("auto", get_op_lists("bfloat16"), "native").compute == "bfloat16"
+    assert device_plan("auto", get_op_lists("bfloat16"), "native").compute == "bfloat16"
     assert not calls, "MXAMP_PROBE=0 measures nothing"
 
 
@@ -95,7 +97,7 @@ def test_a_broken_measurement_means_float32(injected, monkeypatch):
     def broken(repeats=3, low="bfloat16"):
         raise RuntimeError("MXNetError: could not create a primitive descriptor iterator")
     monkeypatch.setattr(probe, "measure", broken)
-    plan = devices.device_plan("auto", get_op_lists("bfloat16"), "native")
+    plan = device_plan("auto", get_op_lists("bfloat16"), "native")
     assert plan.compute == "float32" and "could not be measured" in plan.reason, plan.reason
 
 
@@ -164,7 +166,7 @@ def test_explicit_bfloat16_warns_with_the_measured_ratio_where_it_lost(injected)
     use(SLOW)
     probe.machine_probe()            # measured once (cached); the warning only reads it
     probe.forget()
-    text = devices.cpu_notice(devices.device_plan("bfloat16", get_op_lists("bfloat16"), "native"))
+    text = cpu_notice(device_plan("bfloat16", get_op_lists("bfloat16"), "native"))
     assert "measured SLOWER than float32 on this machine" in text, text
     assert "%.2fx" % probe.speedup_of(SLOW) in text and "amp.tune" in text, text
     assert len(calls) == 1, "the warning never measures"

@@ -1,7 +1,7 @@
 """The pure loss-scale state machine: growth, backoff, bounds, hysteresis, static, state."""
 import pytest
 
-from mxamp.scaler import HISTORY_LENGTH, LossScaler
+from mxamp.training.scaler import HISTORY_LENGTH, LossScaler
 
 
 def feed(scaler, verdicts):

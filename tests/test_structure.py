@@ -2,7 +2,7 @@
 
 * Every module imports on its own, and the import graph of ``mxamp`` (module-level *and*
   function-level imports) has no cycle.
-* Every private MXNet name mxamp uses is listed in :mod:`mxamp.mxnet_private` and exists in the
+* Every private MXNet name mxamp uses is listed in :mod:`mxamp.backend.mxnet_private` and exists in the
   installed MXNet (the contract: a build that lacks one fails here, naming it); no other module
   touches a private name of MXNet.
 * ``amp.reset()`` clears every piece of process-wide state, and is safe under threads.
@@ -15,11 +15,13 @@ import sys
 import threading
 
 import mxnet as mx
+import numpy as np
 import pytest
 
 import mxamp
-from mxamp import amp, mxnet_private
-from mxamp.state import STATE
+from mxamp import amp
+from mxamp.backend import mxnet_private
+from mxamp.runtime.state import STATE
 
 PACKAGE_DIR = os.path.dirname(mxamp.__file__)
 
@@ -98,17 +100,21 @@ def test_import_graph_has_no_cycle():
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: %s" % " -> ".join(cycle)
     # the cycle issue #11 found is gone: loss_outputs no longer reaches patching
-    assert "mxamp.trainer" not in graph["mxamp.loss_outputs"], graph["mxamp.loss_outputs"]
-    assert "mxamp.patching" not in graph["mxamp.trainer"], graph["mxamp.trainer"]
+    assert "mxamp.training.trainer" not in graph["mxamp.patching.loss_outputs"], graph["mxamp.patching.loss_outputs"]
+    assert "mxamp.patching.patcher" not in graph["mxamp.training.trainer"], graph["mxamp.training.trainer"]
 
 
 def test_leaf_modules_import_nothing_of_mxamp_but_their_data():
     graph = import_graph()
-    assert graph["mxamp.scaler"] <= {"mxamp.errors"}, \
-        "the loss scaler is a pure state machine: %s" % graph["mxamp.scaler"]
-    assert graph["mxamp.errors"] == set() and graph["mxamp.mxnet_private"] == set()
-    assert graph["mxamp.cpu"] <= {"mxamp.amx"}, "CPU detection needs nothing of mxamp but AMX's"
-    assert graph["mxamp.amx"] == set(), "the AMX mechanics need nothing of mxamp"
+    assert graph["mxamp.training.scaler"] <= {"mxamp.errors"}, \
+        "the loss scaler is a pure state machine: %s" % graph["mxamp.training.scaler"]
+    assert graph["mxamp.errors"] == set() and graph["mxamp.backend.mxnet_private"] == set()
+    assert graph["mxamp.backend.cpu"] <= {"mxamp.backend", "mxamp.backend.amx",
+                                          "mxamp.backend.env"}, \
+        "CPU detection needs nothing of mxamp but AMX's mechanics and the environment's reader"
+    assert graph["mxamp.backend.amx"] <= {"mxamp.backend.timing"}, \
+        "the AMX mechanics need nothing of mxamp but the timing loop"
+    assert graph["mxamp.backend.env"] == set() and graph["mxamp.backend.timing"] == set()
     assert graph["mxamp.lists.conditions"] == set(), "conditions are data and pure functions"
 
 
@@ -212,7 +218,7 @@ def test_no_module_but_the_boundary_touches_a_private_mxnet_name():
             "_mxamp_first_step_done", "_mxamp_o2_target"}
     offenders = []
     for module, path in module_files().items():
-        if module == "mxamp.mxnet_private":
+        if module == "mxamp.backend.mxnet_private":
             continue
         tree = ast.parse(open(path).read())
         for node in ast.walk(tree):
@@ -225,7 +231,7 @@ def test_no_module_but_the_boundary_touches_a_private_mxnet_name():
                     len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and \
                     node.args[1].value in private and node.args[1].value not in mine:
                 offenders.append("%s:%d %r" % (module, node.lineno, node.args[1].value))
-    assert not offenders, "private MXNet names outside mxamp.mxnet_private: %s" % offenders
+    assert not offenders, "private MXNet names outside mxamp.backend.mxnet_private: %s" % offenders
 
 
 # ------------------------------------------------------------ one state, one reset
@@ -237,7 +243,7 @@ def test_reset_clears_every_piece_of_state(amp_off):
     amp.init_trainer(trainer)
     mx.nd.FullyConnected(mx.nd.ones((1, 2)), mx.nd.ones((2, 2)), no_bias=True, num_hidden=2)
     mx.sym.FullyConnected(mx.sym.var("d"), num_hidden=2)
-    STATE.notices.add("a notice")
+    STATE.warned["notice"].add("a notice")
     summary = STATE.summary()
     assert summary["patched"] and summary["trainers"] == 1 and summary["tracked_symbols"] > 0
     assert summary["warned_ops"] == 1, "float16 GEMM on a CPU warns once"
@@ -249,6 +255,57 @@ def test_reset_clears_every_piece_of_state(amp_off):
     assert STATE.lock is lock, "reset must not swap the lock another thread may hold"
     assert STATE.current_trainer() is None and STATE.disabled_depth() == 0
     assert len(STATE.recording_casts) == 0
+
+
+def _mxnet_attributes():
+    """``{(owner name, attribute): object}`` of every loaded MXNet module and of the classes
+    mxamp may touch, read here without asking mxamp what it patches."""
+    owners = {name: module for name, module in sys.modules.items()
+              if module is not None and (name == "mxnet" or name.startswith("mxnet."))}
+    owners.update({"NDArray": mx.nd.NDArray, "np.ndarray": mx.np.ndarray,
+                   "HybridBlock": mx.gluon.HybridBlock, "Block": mx.gluon.Block,
+                   "Trainer": mx.gluon.Trainer, "Optimizer": mx.optimizer.Optimizer,
+                   "Updater": mx.optimizer.Updater, "Symbol": mx.sym.Symbol,
+                   "RecordingScope": mx.autograd._RecordingStateScope})  # noqa: SLF001
+    return {(name, attr): value for name, owner in owners.items()
+            for attr, value in list(vars(owner).items())}
+
+
+def test_reset_puts_back_every_attribute_mxamp_replaced(amp_off):
+    """Everything mxamp does to MXNet (amp.init, a conversion, O2, a trainer, hybridized
+    graphs built under the hooks) is undone by amp.reset(): every attribute of every MXNet
+    module and of the classes involved is the very object it was before."""
+    before = _mxnet_attributes()
+    amp.init("bfloat16")
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Conv2D(4, 3, in_channels=3), mx.gluon.nn.BatchNorm(),
+            mx.gluon.nn.Dense(2))
+    net.initialize()
+    net.hybridize()
+    x = mx.nd.ones((1, 3, 8, 8))
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", kvstore=None)
+    amp.init_trainer(trainer)
+    with mx.autograd.record():
+        loss = net(x).sum()
+        with amp.scale_loss(loss, trainer) as scaled:
+            mx.autograd.backward(scaled)
+    trainer.step(1)
+    amp.convert_hybrid_block(net, "bfloat16")
+    amp.reset()
+    o2 = mx.gluon.nn.Dense(2, in_units=3)
+    o2.initialize()
+    amp.cast_model(o2, "bfloat16")
+    y = mx.nd.ones((1, 3)).astype("bfloat16").astype("float32")
+    assert y.dtype == np.float32
+    amp.reset()
+    after = _mxnet_attributes()
+    changed = sorted("%s.%s" % key for key in before if after.get(key, before) is not before[key])
+    added = sorted("%s.%s" % key for key in after if key not in before and key[0] in
+                   {k[0] for k in before})
+    assert not changed, "amp.reset() left these MXNet attributes replaced: %s" % changed[:20]
+    assert not added, "amp.reset() left these attributes added to MXNet: %s" % added[:20]
+    assert STATE.replaced == []
+    assert net(x).dtype == np.float32, "a graph built under AMP is rebuilt without its casts"
 
 
 def test_reset_is_safe_under_threads(amp_off):

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from mxnet import autograd, gluon
 
-from mxamp import amp, dtypes, trainer as amp_trainer
-from mxamp.trainer_scaler import TrainerScaler
+from mxamp import amp, dtypes
+from mxamp.training import trainer as amp_trainer
+from mxamp.training.trainer_scaler import TrainerScaler
+from mxamp.runtime.state import STATE
 
 INF = float("inf")
 CPU2 = [mx.cpu(0), mx.cpu(1)]
@@ -235,15 +237,15 @@ def test_loss_outputs_follow_the_trainer_whose_scale_loss_is_active():
     tr_b = make_trainer(make_net([mx.cpu(0)], seed=2))
     hook_a = amp.init_trainer(tr_a, init_scale=8.0)
     hook_b = amp.init_trainer(tr_b, init_scale=32.0)
-    assert amp_trainer.current_scaler() is hook_b, "outside scale_loss: the latest trainer"
+    assert STATE.current_scaler() is hook_b, "outside scale_loss: the latest trainer"
     with amp.scale_loss(mx.nd.ones((1,)), tr_a):
-        assert amp_trainer.current_scaler() is hook_a, "inside scale_loss: that trainer"
+        assert STATE.current_scaler() is hook_a, "inside scale_loss: that trainer"
         seen = []
-        worker = threading.Thread(target=lambda: seen.append(amp_trainer.current_scaler()))
+        worker = threading.Thread(target=lambda: seen.append(STATE.current_scaler()))
         worker.start()
         worker.join()
         assert seen == [hook_b], "another thread is not inside this scale_loss"
-    assert amp_trainer.current_scaler() is hook_b
+    assert STATE.current_scaler() is hook_b
 
 
 def test_worker_threads_scale_their_own_losses():
@@ -562,7 +564,7 @@ def test_gluoncv_recognizer_order_on_device_kvstore(tmp_path):
 
 
 # ----- loss-output ops (SoftmaxOutput's grad_scale) -----
-from mxamp.loss_outputs import wrap_loss_output  # noqa: E402
+from mxamp.patching.loss_outputs import wrap_loss_output  # noqa: E402
 
 SOFTMAX_OUTPUT = {mx.nd: wrap_loss_output(mx.nd.SoftmaxOutput, "SoftmaxOutput", False),
                   mx.sym: wrap_loss_output(mx.sym.SoftmaxOutput, "SoftmaxOutput", True)}
@@ -615,7 +617,7 @@ def test_loss_output_gradient_follows_the_scale(hybridize):
 @pytest.mark.parametrize("hybridize", [False, True])
 def test_under_amp_init_float16_softmax_output_trains_like_fp32(amp_off, hybridize):
     """amp.init wraps SoftmaxOutput with wrap_loss_output; Dense stays fp32 on CPU."""
-    from mxamp import patching
+    from mxamp.patching import patcher as patching
 
     class Net(gluon.HybridBlock):
         def __init__(self, **kwargs):

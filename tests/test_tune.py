@@ -13,7 +13,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from mxamp import amp, cpu, dtypes, tuning as tune_mod
+from mxamp import amp, dtypes, tuning as tune_mod
+from mxamp.backend import cpu
 from test_conditions import _graph_casts
 
 

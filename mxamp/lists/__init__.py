@@ -29,8 +29,8 @@ for the target on a CPU (they stay float32 there, so a GPU script still runs on 
 import functools
 from dataclasses import dataclass, field, replace
 
-from ..errors import AmpArgumentError
-from .conditions import Condition, from_reference_entry
+from mxamp.errors import AmpArgumentError
+from mxamp.lists.conditions import Condition, from_reference_entry
 
 CATEGORIES = ("low_precision", "fp32", "widest", "neutral", "conditional_fp32")
 
@@ -55,7 +55,7 @@ class OpLists:
     fp32_params: dict
     no_cpu_kernel: frozenset
     reasons: dict = field(default_factory=dict, compare=False)
-    #: CPU bfloat16 class (mxamp.cpu.BF16_CLASSES) -> ops with no kernel for the target there
+    #: CPU bfloat16 class (mxamp.backend.cpu.BF16_CLASSES) -> ops with no kernel for the target there
     no_kernel_by_cpu_class: dict = field(default_factory=dict)
     #: conditional op -> the category it has where its condition does not hold ('neutral' if
     #: absent): a conditional float32 rule leaves the op in its own list elsewhere
@@ -110,7 +110,7 @@ class OpLists:
         return self.fp32_when_by_cpu_class.get(cpu_class, {})
 
     def missing_kernels(self, cpu_class):
-        """Ops with no kernel for the target on a CPU of ``cpu_class`` (see ``mxamp.cpu``).
+        """Ops with no kernel for the target on a CPU of ``cpu_class`` (see ``mxamp.backend.cpu``).
 
         >>> 'Convolution' in get_op_lists('bfloat16').missing_kernels('none')
         True
@@ -185,7 +185,7 @@ class OpLists:
         ``conditional_fp32_ops`` keeps its own entry), and two lists may not name the same
         operator under different names. Raises :class:`~mxamp.errors.AmpArgumentError` for a
         malformed list or an op in two lists (operator names are checked by
-        :func:`mxamp.opfuncs.check_op_names`).
+        :func:`mxamp.backend.registry.check_op_names`).
 
         >>> lists = get_op_lists('float16').with_overrides(fp32_ops=['flatten'],
         ...                                                canonical={'flatten': 'Flatten'})
@@ -294,7 +294,7 @@ def get_op_lists(target):
 
     These are mxamp's data as written. What ``amp.init`` and ``convert_*`` use also takes
     the caller's overrides and edits to the reference's module lists into account
-    (:func:`mxamp.opfuncs.lists_for`).
+    (:func:`mxamp.precision.resolve.lists_for`).
 
     >>> get_op_lists('bfloat16').target
     'bfloat16'
@@ -327,6 +327,6 @@ def get_op_lists(target):
 
 # The data modules, imported with the package (not at the first amp.init): they are large, and
 # compiling them takes milliseconds where no bytecode cache is written.
-from . import bfloat16 as _bfloat16, float16 as _float16  # noqa: E402
+from mxamp.lists import bfloat16 as _bfloat16, float16 as _float16  # noqa: E402
 
 _DATA = {"float16": _float16, "bfloat16": _bfloat16}

@@ -7,7 +7,7 @@
     python -m mxamp.lists --diff               # every operator the targets classify differently
 
 ``--explain`` and ``--diff`` resolve aliases with the loaded libmxnet's registry
-(:func:`mxamp.opfuncs.registered_ops`), so ``flatten`` is explained as ``Flatten``; the summary
+(:func:`mxamp.backend.registry.registered_ops`), so ``flatten`` is explained as ``Flatten``; the summary
 reads only the data modules. An unknown operator name exits with status 2.
 
 >>> main(['--explain', '_npx_dropout'])  # doctest: +ELLIPSIS
@@ -27,10 +27,10 @@ import argparse
 import difflib
 import sys
 
-from ..cpu import BF16_CLASSES
-from ..dtypes import TARGETS
-from . import bfloat16, common, float16
-from .conditions import Condition
+from mxamp.backend.cpu import BF16_CLASSES
+from mxamp.dtypes import TARGETS
+from mxamp.lists import bfloat16, common, float16
+from mxamp.lists.conditions import Condition
 
 #: Each target's data module (its full tables, and the DIFF_ tables it states itself).
 MODULES = {"float16": float16, "bfloat16": bfloat16}
@@ -70,7 +70,7 @@ def _first(table, names):
 
 def _registry():
     # Imported late: only --explain and --diff need the registry; the summary reads data only.
-    from ..opfuncs import registered_ops
+    from mxamp.backend.registry import registered_ops
     return registered_ops()
 
 

@@ -28,10 +28,10 @@ are neutral (they crashed hybridized blocks), the interleaved matmuls are classi
 >>> DIFF_FP32['Dropout'] == R_NO_BF16 == FP32['Dropout']
 True
 """
-from . import common
+from mxamp.lists import common
 # Re-exported: the full tables below hold them, and readers find them here as before.
-from .common import (R_BOX, R_CTRL, R_IMG, R_INT, R_LINALG, R_NOIN, R_NO_KERNEL,  # noqa: F401
-                     R_OPT, R_PDF, R_QUANT, R_RAND, R_SG)
+from mxamp.lists.common import (R_BOX, R_CTRL, R_IMG, R_INT, R_LINALG, R_NOIN, R_NO_KERNEL, R_OPT,
+                                R_PDF, R_QUANT, R_RAND, R_SG)
 
 TARGET = "bfloat16"
 
@@ -114,7 +114,7 @@ DIFF_CONDITIONAL_FP32 = {
 # listed. Below avx512_core oneDNN has none, which NO_KERNEL_BY_CPU_CLASS states per CPU class.
 NO_CPU_KERNEL = {}
 
-# Ops with no bfloat16 kernel on CPUs of one bfloat16 class (mxamp.cpu.BF16_CLASSES), found by
+# Ops with no bfloat16 kernel on CPUs of one bfloat16 class (mxamp.backend.cpu.BF16_CLASSES), found by
 # running ci/probe_bf16_kernels.py on each class. oneDNN 2.4 implements bfloat16 only from
 # avx512_core up, so on a 'none' CPU (AVX2, or oneDNN capped below AVX512_CORE) every oneDNN
 # operator lacks it: "could not create a primitive descriptor iterator". MXNet's own kernels

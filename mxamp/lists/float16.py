@@ -25,10 +25,10 @@ them: "FP16 gemm on cpu not implemented!"), so a GPU script also runs on a lapto
 >>> DIFF_NEUTRAL['Dropout'], NEUTRAL['Dropout'], 'Dropout' in common.NEUTRAL
 ('', '', False)
 """
-from . import common
+from mxamp.lists import common
 # Re-exported: the full tables below hold them, and readers find them here as before.
-from .common import (R_BOX, R_CTRL, R_IMG, R_INT, R_LINALG, R_NOIN, R_NO_KERNEL,  # noqa: F401
-                     R_OPT, R_PDF, R_QUANT, R_RAND, R_SG)
+from mxamp.lists.common import (R_BOX, R_CTRL, R_IMG, R_INT, R_LINALG, R_NOIN, R_NO_KERNEL, R_OPT,
+                                R_PDF, R_QUANT, R_RAND, R_SG)
 
 TARGET = "float16"
 
@@ -124,6 +124,9 @@ DIFF_CONDITIONAL_FP32 = {
     low_precision=DIFF_LOW_PRECISION, fp32=DIFF_FP32, widest=DIFF_WIDEST, neutral=DIFF_NEUTRAL,
     conditional_fp32=DIFF_CONDITIONAL_FP32)
 
+#: Why NO_CPU_KERNEL's ops compute in float32 on a CPU: the one wording, for every message.
+NO_CPU_KERNEL_WHY = "MXNet has no float16 GEMM or convolution CPU kernel"
+
 # Low-precision ops with no float16 CPU kernel ("FP16 gemm on cpu not implemented!",
 # "only supports float32/float64 for CPU"): the patcher keeps them float32 on a CPU
 # context. _npi_einsum has a float16 CPU kernel and is not listed.
@@ -138,5 +141,5 @@ NO_CPU_KERNEL = {
 }
 
 # float16 has no per-CPU-class differences: on every CPU mxamp computes it in float32 (see
-# mxamp.devices: MXNet has no float16 GEMM/convolution CPU kernels, NO_CPU_KERNEL above).
+# mxamp.precision.device_plan and NO_CPU_KERNEL above).
 NO_KERNEL_BY_CPU_CLASS = {}

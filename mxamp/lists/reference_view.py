@@ -8,7 +8,7 @@ Code written for ``mxnet.contrib.amp`` reads and extends ``amp.lists.symbol_fp16
 :mod:`~mxamp.lists.symbol_bf16` hold the same names, made from mxamp's op lists at import.
 
 They are live, as in the reference: ``amp.init`` and every ``convert_*`` read them when they
-resolve their default lists (:func:`apply_edits`, called by :func:`mxamp.opfuncs.lists_for`). A
+resolve their default lists (:func:`apply_edits`, called by :func:`mxamp.precision.resolve.lists_for`). A
 name appended to a list moves that operator (with all its aliases) to the list's category,
 even if the list of its old category still names it (the edit wins); a name removed from a
 list makes the operator dtype-neutral. Unedited lists change nothing.
@@ -19,7 +19,7 @@ True
 """
 from dataclasses import replace
 
-from . import get_op_lists
+from mxamp.lists import get_op_lists
 
 #: Per target: (reference list name, OpLists field) in the reference's order.
 LIST_NAMES = {

@@ -8,7 +8,7 @@ the reference (see :mod:`mxamp.lists.reference_view`).
 >>> 'Convolution' in BF16_FUNCS and 'Concat' in WIDEST_TYPE_CASTS
 True
 """
-from .reference_view import reference_lists as _reference_lists
+from mxamp.lists.reference_view import reference_lists as _reference_lists
 
 _LISTS = _reference_lists("bfloat16")
 #: Ops run in bfloat16.

@@ -9,7 +9,7 @@ the reference (see :mod:`mxamp.lists.reference_view`).
 ...     CONDITIONAL_FP32_FUNCS
 True
 """
-from .reference_view import reference_lists as _reference_lists
+from mxamp.lists.reference_view import reference_lists as _reference_lists
 
 _LISTS = _reference_lists("float16")
 #: Ops run in float16.

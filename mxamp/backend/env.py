@@ -1,0 +1,73 @@
+"""Every environment variable mxamp reads, in one table, and the one parser of on/off values.
+
+mxamp reads the environment here only: its own switches (``MXAMP_*``) and the few MXNet,
+oneDNN and XDG variables whose meaning it must follow. The README's table of environment
+variables lists the same names (``tests/test_docs.py`` compares them). Nothing here imports
+MXNet: the CPU's class is read before MXNet runs its first oneDNN primitive.
+
+>>> flag('MXAMP_PROBE', environ={'MXAMP_PROBE': 'off'})
+False
+>>> flag('MXAMP_PROBE', environ={})            # unset: the variable's default
+True
+"""
+import logging
+import os
+
+_LOG = logging.getLogger("mxamp")
+
+#: Words that mean "on" and "off" (case-insensitive); an empty value is off.
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("", "0", "false", "no", "off")
+
+#: name -> (default when unset, what it does). The default of an on/off switch is a bool.
+VARIABLES = {
+    "MXAMP_AMX": (False, "on: let oneDNN use AMX tiles for bfloat16 (set before importing "
+                         "mxamp; Linux >= 5.16 and a CPU with amx_bf16)"),
+    "MXAMP_DISABLE_AMX": (False, "on: never touch oneDNN's ISA (the 0.1.0 opt-out; wins over "
+                                 "MXAMP_AMX)"),
+    "MXAMP_PROBE": (True, "off: 'auto' follows the CPU class alone, no measurement"),
+    "MXAMP_PROBE_CACHE": (True, "off: the probe neither reads nor writes its cache file"),
+    "MXAMP_REPROBE": (False, "on: measure again even where the cache has a result"),
+    "DNNL_MAX_CPU_ISA": (None, "oneDNN's ISA cap (AVX2, AVX512_CORE, AVX512_CORE_BF16, "
+                               "AVX512_CORE_AMX); a cap you set wins over mxamp's"),
+    "MKLDNN_MAX_CPU_ISA": (None, "the older spelling of DNNL_MAX_CPU_ISA"),
+    "MXNET_MKLDNN_ENABLED": (True, "off: MXNet's oneDNN operators are off, so no bfloat16 "
+                                   "kernels (class 'none')"),
+    "MXNET_UPDATE_ON_KVSTORE": (True, "MXNet's choice of where a dist kvstore updates; "
+                                      "mxamp's overflow agreement follows it"),
+    "XDG_CACHE_HOME": (None, "where the probe's cache lives (default ~/.cache): "
+                             "$XDG_CACHE_HOME/mxamp/probe.json"),
+    "OMP_NUM_THREADS": (None, "threads per process; part of the probe's cache key"),
+}
+
+
+def value(name, environ=None):
+    """The raw value of ``name`` (None when unset). Only names of :data:`VARIABLES`.
+
+    >>> value('DNNL_MAX_CPU_ISA', environ={'DNNL_MAX_CPU_ISA': 'AVX2'})
+    'AVX2'
+    """
+    if name not in VARIABLES:
+        raise KeyError("mxamp reads no environment variable %r; add it to "
+                       "mxamp.backend.env.VARIABLES and the README's table" % name)
+    return (os.environ if environ is None else environ).get(name)
+
+
+def flag(name, environ=None):
+    """The on/off value of ``name``: its default when unset, False for an empty value or
+    one of :data:`FALSE_WORDS`, True for :data:`TRUE_WORDS`; any other word counts as on,
+    with a warning that names the accepted words.
+
+    >>> flag('MXAMP_AMX', environ={'MXAMP_AMX': 'YES'})
+    True
+    """
+    raw = value(name, environ)
+    if raw is None:
+        return bool(VARIABLES[name][0])
+    word = raw.strip().lower()
+    if word in FALSE_WORDS:
+        return False
+    if word not in TRUE_WORDS:
+        _LOG.warning("%s=%r is not one of %s; treating it as set", name, raw,
+                     "/".join(TRUE_WORDS))
+    return True

@@ -1,0 +1,287 @@
+"""The one module that touches MXNet's private API.
+
+mxamp hooks into parts of MXNet 1.9.1 that have no public interface: the AMP protocol of
+``gluon.Trainer`` (``_amp_loss_scaler``, ``_amp_original_scale``, ``_scale``), its kvstore
+plumbing, the cached graph of a ``HybridBlock``, a ``Parameter``'s arrays, the C functions that
+list operators and run the precision pass, and a few classes. Every other module reaches them
+through this one: views whose properties each name one private attribute
+(:class:`TrainerView`, :class:`BlockView`, :class:`ParamView`, :class:`BucketingView`), and
+functions. :data:`PRIVATE_NAMES` lists every private name used;
+``tests/test_structure.py`` checks each against the installed MXNet and names any that
+is missing, and checks that no other module of mxamp touches one.
+
+>>> import mxnet as mx
+>>> p = mx.gluon.Parameter('w', shape=(2,)); p.initialize()
+>>> t = mx.gluon.Trainer([p], 'sgd', kvstore=None)
+>>> TrainerView(t).scale
+1.0
+"""
+import ctypes
+
+import mxnet as mx
+from mxnet import base as _base
+
+#: (owner, private name) for every private name this module uses.
+PRIVATE_NAMES = []
+
+
+def _uses(owner, *names):
+    PRIVATE_NAMES.extend((owner, name) for name in names)
+
+
+# ------------------------------------------------------------------------------ C library
+_uses("mxnet.base", "_LIB")
+LIB = _base._LIB                                   # the loaded libmxnet
+check_call, c_str, mx_uint, py_str = _base.check_call, _base.c_str, _base.mx_uint, _base.py_str
+c_array_buf, c_str_array, SymbolHandle = _base.c_array_buf, _base.c_str_array, _base.SymbolHandle
+MXNetError = _base.MXNetError
+
+
+def list_op_names():
+    """Every operator name registered in libmxnet, aliases included.
+
+    >>> 'FullyConnected' in list_op_names()
+    True
+    """
+    size = mx_uint()
+    plist = ctypes.POINTER(ctypes.c_char_p)()
+    check_call(LIB.MXListAllOpNames(ctypes.byref(size), ctypes.byref(plist)))
+    return [py_str(plist[i]) for i in range(size.value)]
+
+
+def op_handle(name):
+    """The handle (an int) of the operator registered as ``name``.
+
+    >>> op_handle('flatten') == op_handle('Flatten')
+    True
+    """
+    handle = ctypes.c_void_p()
+    check_call(LIB.NNGetOpHandle(c_str(name), ctypes.byref(handle)))
+    return handle.value
+
+
+def op_name(handle):
+    """The real (canonical) name of the operator with ``handle``; cheap, no docs are built.
+
+    >>> op_name(op_handle('flatten'))
+    'Flatten'
+    """
+    name = ctypes.c_char_p()
+    check_call(LIB.MXSymbolGetAtomicSymbolName(ctypes.c_void_p(handle), ctypes.byref(name)))
+    return py_str(name.value)
+
+
+def op_arguments(handle):
+    """``(canonical name, ((argument, type description), ...), key_var_num_args)`` of an op.
+
+    >>> op_arguments(op_handle('Concat'))[2]
+    'num_args'
+    """
+    real_name, desc, key_var_num_args, ret_type = (ctypes.c_char_p() for _ in range(4))
+    num_args = mx_uint()
+    arg_names, arg_types, arg_descs = (ctypes.POINTER(ctypes.c_char_p)() for _ in range(3))
+    check_call(LIB.MXSymbolGetAtomicSymbolInfo(
+        ctypes.c_void_p(handle), ctypes.byref(real_name), ctypes.byref(desc),
+        ctypes.byref(num_args), ctypes.byref(arg_names), ctypes.byref(arg_types),
+        ctypes.byref(arg_descs), ctypes.byref(key_var_num_args), ctypes.byref(ret_type)))
+    arguments = tuple((py_str(arg_names[i]), py_str(arg_types[i]))
+                      for i in range(num_args.value))
+    return py_str(real_name.value), arguments, py_str(key_var_num_args.value or b"")
+
+
+# --------------------------------------------------------------------- classes and symbols
+_uses("mxnet.symbol.numpy", "_Symbol")
+#: The Symbol class of the numpy interface (``mx.sym.np``).
+NumpySymbol = mx.sym.numpy._Symbol
+
+_uses("mxnet.symbol.Symbol", "_gen_atomic_symbol")
+
+
+def rebuild_symbol(sym, inputs, name):
+    """A new node of ``sym``'s operator, with its attributes, on other ``inputs``.
+
+    >>> s = mx.sym.relu(mx.sym.var('x'), name='r')
+    >>> rebuild_symbol(s, [mx.sym.var('y')], 'r2').list_inputs()
+    ['y']
+    """
+    return sym._gen_atomic_symbol()(*inputs, name=name)
+
+
+_uses("mxnet.autograd", "_RecordingStateScope")
+_uses("mxnet.autograd._RecordingStateScope", "_enter_is_record")
+#: The context manager behind ``autograd.record()``/``pause()``: mxamp hooks its enter/exit.
+RecordingScope = mx.autograd._RecordingStateScope
+
+
+def scope_starts_recording(scope):
+    """True when entering ``scope`` (a :data:`RecordingScope`) turns recording on."""
+    return bool(scope._enter_is_record)
+
+
+_uses("mxnet.contrib.amp.amp", "_amp_initialized")
+
+
+def reference_amp_module():
+    """The reference's module ``mxnet.contrib.amp.amp``, whose ``_amp_initialized`` flag
+    GluonNLP's attention cell reads (``amp.init`` sets it through mxamp's patch registry).
+
+    >>> reference_amp_module()._amp_initialized in (False, True)
+    True
+    """
+    from mxnet.contrib.amp import amp as reference  # pylint: disable=import-outside-toplevel
+    return reference
+
+
+def set_optimizer_device(optimizer, device_id):
+    """Tell an optimizer which device's state it updates (its update kernels read it)."""
+    optimizer._set_current_context(device_id)
+
+
+_uses("mxnet.optimizer.Optimizer", "_set_current_context")
+
+
+# ----------------------------------------------------------------------------------- views
+class _Attribute:
+    """A property of a view that reads and writes one private attribute of the viewed object."""
+
+    def __init__(self, private_name):
+        self.private_name = private_name
+
+    def __set_name__(self, owner, name):
+        owner.FIELDS = dict(getattr(owner, "FIELDS", {}), **{name: self.private_name})
+
+    def __get__(self, view, owner=None):
+        if view is None:
+            return self
+        return getattr(view.obj, self.private_name)
+
+    def __set__(self, view, value):
+        setattr(view.obj, self.private_name, value)
+
+
+class _View:
+    OWNER = ""
+    FIELDS = {}       # view property -> private attribute (filled by _Attribute)
+    METHODS = ()      # private methods the view calls
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+
+class TrainerView(_View):
+    """The private state of a ``gluon.Trainer`` that loss scaling hooks into.
+
+    MXNet's ``Trainer._update`` calls ``_amp_loss_scaler.has_overflow(params)`` and divides
+    gradients by ``_scale``; ``_amp_original_scale`` is the reference's name for the scale
+    the user's ``rescale_grad`` gave.
+    """
+
+    OWNER = "mxnet.gluon.Trainer"
+    METHODS = ("_init_kvstore", "_reset_kvstore", "_init_params", "_update")
+    params = _Attribute("_params")
+    param2idx = _Attribute("_param2idx")
+    updaters = _Attribute("_updaters")
+    optimizer = _Attribute("_optimizer")
+    scale = _Attribute("_scale")
+    contexts = _Attribute("_contexts")
+    kvstore = _Attribute("_kvstore")
+    kvstore_params = _Attribute("_kvstore_params")
+    kv_initialized = _Attribute("_kv_initialized")
+    update_on_kvstore = _Attribute("_update_on_kvstore")
+    contains_sparse_weight = _Attribute("_contains_sparse_weight")
+    contains_sparse_grad = _Attribute("_contains_sparse_grad")
+    params_to_init = _Attribute("_params_to_init")
+    amp_loss_scaler = _Attribute("_amp_loss_scaler")
+    amp_original_scale = _Attribute("_amp_original_scale")
+
+    def amp_scaler_or_none(self):
+        """The object at ``_amp_loss_scaler``, or None before ``init_trainer``."""
+        return getattr(self.obj, "_amp_loss_scaler", None)
+
+    def has_original_scale(self):
+        return hasattr(self.obj, "_amp_original_scale")
+
+    def init_kvstore(self):
+        self.obj._init_kvstore()
+
+    def reset_kvstore(self):
+        self.obj._reset_kvstore()
+
+    def init_params(self):
+        self.obj._init_params()
+
+
+class KVStoreView(_View):
+    """The private parts of a kvstore: its barrier, and the updater of a local store."""
+
+    OWNER = "mxnet.kvstore.KVStore"
+    METHODS = ("_barrier",)
+    updater = _Attribute("_updater")
+
+    def barrier(self):
+        self.obj._barrier()
+
+
+class BlockView(_View):
+    """The private state of a (Hybrid)Block: its children, parameters and cached graph."""
+
+    OWNER = "mxnet.gluon.HybridBlock"
+    METHODS = ("_clear_cached_op", "_get_graph", "_call_cached_op", "_build_cache")
+    children = _Attribute("_children")
+    own_params = _Attribute("_reg_params")
+    cached_graph = _Attribute("_cached_graph")
+    cached_op = _Attribute("_cached_op")
+
+    def clear_cached_op(self):
+        """Drop the cached graph: the next call builds it again."""
+        self.obj._clear_cached_op()
+
+    def trace(self, *inputs):
+        """``(input symbols, output symbol)`` traced from ``hybrid_forward`` on ``inputs``."""
+        return self.obj._get_graph(*inputs)
+
+
+#: The HybridBlock method that runs (and first builds) the cached graph: mxamp wraps it to
+#: rebuild graphs made under another AMP generation (see mxamp.patching.patcher).
+BLOCK_CALL_METHOD = "_call_cached_op"
+
+
+class ParamView(_View):
+    """The private state of a ``gluon.Parameter``: its arrays, dtype and deferred init."""
+
+    OWNER = "mxnet.gluon.Parameter"
+    METHODS = ("_reduce", "_load_init")
+    data = _Attribute("_data")
+    grad = _Attribute("_grad")
+    dtype = _Attribute("_dtype")
+    deferred_init = _Attribute("_deferred_init")
+
+    def reduce(self):
+        """The parameter's value as one array (averaged over contexts)."""
+        return self.obj._reduce()
+
+    def load(self, value, contexts):
+        """Set the value on ``contexts``, completing deferred initialisation."""
+        self.obj._load_init(value, contexts)
+
+
+class BucketingView(_View):
+    """What ``convert_bucketing_module`` copies from a ``mod.BucketingModule``."""
+
+    OWNER = "mxnet.module.BucketingModule"
+    buckets = _Attribute("_buckets")
+    sym_gen = _Attribute("_sym_gen")
+    context = _Attribute("_context")
+    default_bucket_key = _Attribute("_default_bucket_key")
+    work_load_list = _Attribute("_work_load_list")
+    fixed_param_names = _Attribute("_fixed_param_names")
+    state_names = _Attribute("_state_names")
+    group2ctxs = _Attribute("_group2ctxs")
+    compression_params = _Attribute("_compression_params")
+
+
+VIEWS = (TrainerView, KVStoreView, BlockView, ParamView, BucketingView)
+for _view in VIEWS:
+    _uses(_view.OWNER, *(list(_view.FIELDS.values()) + list(_view.METHODS)))

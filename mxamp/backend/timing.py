@@ -1,0 +1,58 @@
+"""The one timing loop: the AMX check, the machine probe, the doctor and ``amp.tune`` time here.
+
+Every call timed must finish its work before it returns (``wait_to_read()``, ``asnumpy()``):
+MXNet runs operators asynchronously, and an unsynchronised call times only its launch.
+
+>>> t = time_calls(lambda: sum(range(1000)), repeats=5)
+>>> len(t.samples), t.best <= t.median
+(5, True)
+"""
+import statistics
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per timed call, in the order they ran (warm-up calls excluded)."""
+
+    samples: tuple
+
+    @property
+    def best(self):
+        """The fastest call: the least disturbed by the rest of the machine."""
+        return min(self.samples)
+
+    @property
+    def median(self):
+        return statistics.median(self.samples)
+
+    @property
+    def total(self):
+        return sum(self.samples)
+
+
+def time_calls(call, repeats=3, warmup=1, min_seconds=0.0, at_most=None, stop=None):
+    """Time ``call()`` after ``warmup`` untimed calls (primitive creation, allocation).
+
+    It runs at least ``repeats`` timed calls and keeps going until they add up to
+    ``min_seconds``, but never past ``at_most`` calls; ``stop(samples)`` returning True ends
+    it early (a candidate already slower than the best one, say).
+
+    >>> time_calls(lambda: None, repeats=2, warmup=0, stop=lambda s: True).samples[0] >= 0
+    True
+    """
+    for _ in range(warmup):
+        call()
+    samples = []
+    while True:
+        start = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - start)
+        if at_most is not None and len(samples) >= at_most:
+            break
+        if stop is not None and stop(samples):
+            break
+        if len(samples) >= repeats and sum(samples) >= min_seconds:
+            break
+    return Timing(tuple(samples))

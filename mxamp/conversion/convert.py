@@ -1,0 +1,370 @@
+"""Graph conversion for low-precision inference: the ``amp.convert_*`` functions.
+
+Each function takes a float32 model (a Symbol, a Symbol with its parameters, a Gluon
+HybridBlock, or a BucketingModule) and returns a mixed-precision copy: ``amp_cast`` /
+``amp_multicast`` nodes are inserted by MXNet's ``ReducePrecision`` graph pass (see
+:mod:`mxamp.conversion.precision_pass`) following mxamp's op lists (:mod:`mxamp.lists`). The original
+model is never modified.
+
+What mxamp adds over ``mxnet.contrib.amp``:
+
+* ``convert_hybrid_block`` defaults to the block's own context (CPU on a CPU machine), not
+  ``gpu(0)``, and accepts ``example_inputs=`` for a block that has not run yet; numpy-interface
+  blocks (``mx.npx.set_np()``) convert too.
+* Ops that the op lists do not classify run in float32 (with a warning) instead of silently
+  following their input's dtype; operator names in the override lists are checked.
+* The returned block's ``export`` keeps the casts (MXNet's default strips them), so
+  ``SymbolBlock.imports`` gives back the same mixed-precision model.
+* Bad input raises ``TypeError``/``ValueError``/``RuntimeError`` naming the problem, including a
+  float16 model asked to run on a CPU, which has no float16 GEMM/convolution kernels.
+* What mxamp builds to run here (``convert_hybrid_block``, ``convert_bucketing_module`` on CPU
+  contexts) never holds an op this CPU has no kernel for: on a CPU without bfloat16 kernels
+  (class 'none', :mod:`mxamp.backend.cpu`) those ops compute in float32, with one warning per process.
+  ``convert_symbol``/``convert_model`` build exactly the graph requested: an artifact to deploy
+  on another machine, whatever this one can run.
+* ``target_dtype='auto'`` picks float16 for a GPU, bfloat16 for a CPU that computes it natively
+  (AVX512-BF16, AMX), and float32 compute elsewhere (:mod:`mxamp.precision.device_plan`; one log line says
+  why).
+
+>>> import mxnet as mx
+>>> from mxamp import amp
+>>> net = mx.gluon.nn.HybridSequential()
+>>> net.add(mx.gluon.nn.Dense(8, activation='relu'), mx.gluon.nn.Dense(2))
+>>> net.initialize()
+>>> net.hybridize()
+>>> lp_net = amp.convert_hybrid_block(net, 'bfloat16', example_inputs=mx.nd.ones((1, 4)))
+>>> lp_net(mx.nd.ones((1, 4))).dtype
+<class 'numpy.float32'>
+"""
+import logging
+
+import mxnet as mx
+from mxnet.gluon import HybridBlock
+from mxnet.module import BucketingModule
+
+from mxamp.backend.devices import device_of, symbol_device
+from mxamp.precision.device_plan import op_summary
+from mxamp import dtypes
+from mxamp.precision import plan
+from mxamp.runtime.casting import cast
+from mxamp.runtime.hooks import fix_astype, recorded_input_shapes
+from mxamp.errors import AmpArgumentError, check_name_list
+from mxamp.conversion.graph import ConvertedBlock, block_context, trace_graph
+from mxamp.backend.mxnet_private import BucketingView, NumpySymbol, ParamView
+from mxamp.backend.graphs import CAST_OPS, graph_nodes, op_names, param_dtypes
+from mxamp.conversion.precision_pass import conditional_fp32_nodes, reduce_precision
+
+_LOG = logging.getLogger(__name__)
+
+#: Targets a CPU can compute in (float16 has no CPU GEMM/convolution kernel in MXNet 1.9.1).
+CPU_TARGETS = ("bfloat16",)
+
+
+def _plan(target_dtype, where, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+          allow_widest_overrides, policy, default_dtype):
+    """The :class:`~mxamp.precision.plan.Plan` of a conversion for the devices in ``where`` (as
+    ``amp.init`` makes it; the low-precision list is called ``target_dtype_ops`` here, and
+    widest-list ops in the overrides are refused unless ``allow_widest_overrides``)."""
+    return plan.make(target_dtype, where, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+                     policy=policy, default_dtype=default_dtype,
+                     low_precision_argument="target_dtype_ops",
+                     allow_widest_overrides=allow_widest_overrides)
+
+
+def _unlisted_ops(sym, lists):
+    return sorted(op_names(sym) - lists.all_ops() - set(CAST_OPS))
+
+
+def _check_excluded(names, node_names):
+    unknown = sorted(set(names) - set(node_names))
+    if unknown:
+        raise AmpArgumentError(
+            "excluded_sym_names names nodes that are not in the graph: %s (node names are e.g. "
+            "%s)" % (", ".join(unknown), ", ".join(sorted(node_names)[:5])))
+
+
+def _strip_output_casts(converted, original):
+    """Undo the float32 casts the pass appends to each output (for ``fp32_outputs=False``)."""
+    outputs = []
+    for out in converted:
+        name = out.name or ""
+        if out.attr("dtype") == "float32" and name.endswith("_amp_cast_float32") and \
+                name not in original.get_internals().list_outputs():
+            out = out.get_children()[0]
+        outputs.append(out)
+    return outputs[0] if len(outputs) == 1 else mx.sym.Group(outputs)
+
+
+def _convert(sym, lists, excluded, data_names, cast_optional_params, fp32_outputs,
+             known_shapes=None):
+    """convert_symbol once its arguments are checked and its op lists resolved."""
+    unlisted = _unlisted_ops(sym, lists)
+    if unlisted:
+        _LOG.warning("ops in no %s op list run in float32: %s", lists.target, ", ".join(unlisted))
+    # A conditional op is float32 where its condition holds (those nodes are excluded) and in
+    # its own list elsewhere; MXNet's pass would test one parameter's exact string only.
+    by_base = {}
+    for op in lists.conditional_fp32:
+        by_base.setdefault(lists.base_category(op), set()).add(op)
+    excluded = sorted(set(excluded) | conditional_fp32_nodes(sym, lists, known_shapes))
+    converted = reduce_precision(
+        sym, lists.target, low_precision=set(lists.low_precision) | by_base.get("low_precision",
+                                                                                set()),
+        fp32=set(lists.fp32) | set(unlisted) | by_base.get("fp32", set()),
+        widest=set(lists.widest) | by_base.get("widest", set()), conditional_fp32=None,
+        excluded=excluded, data_names=data_names, cast_params=bool(cast_optional_params))
+    if not fp32_outputs:
+        converted = _strip_output_casts(converted, sym)
+    if isinstance(sym, NumpySymbol):  # keep the numpy interface of the input
+        converted = converted.as_np_ndarray()
+    return converted
+
+
+def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
+                   conditional_fp32_ops=None, excluded_sym_names=None, data_names=None,
+                   cast_optional_params=False, fp32_outputs=True, allow_widest_overrides=False,
+                   policy=None):
+    """Return a mixed-precision copy of a float32 Symbol (casts inserted, the input untouched).
+
+    Parameters mean what they mean in ``mxnet.contrib.amp.convert_symbol``: the three op lists
+    replace mxamp's defaults for their category; ``excluded_sym_names`` are node names kept
+    in float32; ``data_names`` are the inputs that carry data (default: the inputs without a
+    ``__dtype__`` attribute); ``cast_optional_params=True`` types the parameters in the target
+    dtype (recorded in their ``__dtype__`` attribute) instead of casting them in the graph.
+    ``fp32_outputs=False`` keeps each output in the dtype it was computed in. Naming an op of
+    the widest-type list in the override lists is an ``AssertionError``, as in the reference,
+    unless ``allow_widest_overrides=True``. ``conditional_fp32_ops`` puts the matching nodes
+    in float32 and leaves the others in their own list (conditions: :mod:`mxamp.lists.conditions`).
+    ``policy`` (mxamp's) is a :class:`~mxamp.precision.policy.Policy` from :func:`mxamp.tuning.tune`: its
+    target and op-list additions apply, as in ``amp.init(policy=...)``; every ``convert_*``
+    takes it. What runs where is decided by :func:`mxamp.precision.plan.make`, as for ``amp.init``.
+
+    The graph is the one requested, whether or not this machine has kernels for it: a model to
+    deploy elsewhere (a bfloat16 graph made on a CPU without bfloat16 kernels runs on an
+    AVX512-BF16/AMX CPU, not here; :func:`convert_hybrid_block` builds what runs here).
+    ``target_dtype='auto'`` converts for this machine: float16 with a GPU, bfloat16 on a CPU
+    that computes it natively, else an unconverted float32 copy (with one log line).
+
+    >>> import mxnet as mx
+    >>> fc = mx.sym.FullyConnected(mx.sym.var('data'), num_hidden=4, name='fc')
+    >>> lp = convert_symbol(fc, 'bfloat16')
+    >>> sorted(n['name'] for n in graph_nodes(lp) if n['op'] == 'amp_cast')[:2]
+    ['data_amp_cast_bfloat16', 'fc_bias_amp_cast_bfloat16']
+    """
+    if not isinstance(sym, mx.sym.Symbol):
+        raise AmpArgumentError("convert_symbol needs an mxnet Symbol, got %s"
+                               % type(sym).__name__)
+    amp_plan = _plan(target_dtype, [symbol_device()], target_dtype_ops, fp32_ops,
+                     conditional_fp32_ops, allow_widest_overrides, policy, "float16")
+    lists = amp_plan.lists
+    if amp_plan.requested == dtypes.AUTO:   # for this machine; else the graph as requested
+        lists = amp_plan.graph_lists()
+        amp_plan.announce()
+    excluded = check_name_list(excluded_sym_names, "excluded_sym_names") or []
+    node_names = [n["name"] for n in graph_nodes(sym)]
+    _check_excluded(excluded, node_names)
+    inputs = sym.list_inputs()
+    if data_names is None:
+        attrs = sym.attr_dict()
+        data_names = [n for n in inputs if "__dtype__" not in attrs.get(n, {})]
+    data_names = check_name_list(data_names, "data_names")
+    missing = sorted(set(data_names) - set(inputs))
+    if missing:
+        raise AmpArgumentError("data_names %s are not inputs of the symbol (its inputs: %s)"
+                               % (missing, ", ".join(inputs)))
+    return _convert(sym, lists, excluded, data_names, cast_optional_params, fp32_outputs)
+
+
+def _cast_params(params, wanted):
+    return {name: cast(value, wanted[name]) if name in wanted else value
+            for name, value in params.items()}
+
+
+def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dtype_ops=None,
+                  fp32_ops=None, conditional_fp32_ops=None, excluded_sym_names=None,
+                  cast_optional_params=False, fp32_outputs=True, allow_widest_overrides=False,
+                  policy=None):
+    """Convert a Symbol and its parameters; return ``(symbol, arg_params, aux_params)``.
+
+    The returned dicts are new: each parameter is cast to the dtype the converted graph needs
+    (the target dtype only with ``cast_optional_params=True``); the caller's dicts are untouched.
+
+    >>> fc = mx.sym.FullyConnected(mx.sym.var('data'), num_hidden=2, name='fc')
+    >>> args = {'fc_weight': mx.nd.ones((2, 3)), 'fc_bias': mx.nd.zeros((2,))}
+    >>> _, new_args, _ = convert_model(fc, args, {}, 'bfloat16', cast_optional_params=True)
+    >>> new_args['fc_weight'].dtype == dtypes.BFLOAT16
+    True
+    """
+    if not isinstance(sym, mx.sym.Symbol):
+        raise AmpArgumentError("convert_model needs an mxnet Symbol first, got %s"
+                               % type(sym).__name__)
+    for what, params in (("arg_params", arg_params), ("aux_params", aux_params)):
+        if not isinstance(params, dict):
+            raise AmpArgumentError("%s must be a dict of name -> NDArray, got %s"
+                                   % (what, type(params).__name__))
+    data_names = [n for n in sym.list_inputs() if n not in arg_params and n not in aux_params]
+    converted = convert_symbol(sym, target_dtype, target_dtype_ops, fp32_ops,
+                               conditional_fp32_ops, excluded_sym_names, data_names,
+                               cast_optional_params, fp32_outputs, allow_widest_overrides,
+                               policy)
+    wanted = param_dtypes(converted)
+    return converted, _cast_params(arg_params, wanted), _cast_params(aux_params, wanted)
+
+
+def _check_device_can_run(lists, converted, contexts):
+    """float16 on a CPU context would fail at the first GEMM deep in MXNet: fail here instead."""
+    on_cpu = [c for c in contexts if dtypes.is_cpu(c)]
+    if not on_cpu or lists.target in CPU_TARGETS:
+        return
+    lp_ops = op_names(converted) & set(lists.low_precision) & set(lists.no_cpu_kernel)
+    if lp_ops:
+        raise RuntimeError(
+            "%s has no CPU kernel for %s, so this %s model cannot run on %s. Pass a GPU context "
+            "(ctx=mx.gpu(0)), or use target_dtype='bfloat16' on a CPU; convert_symbol and "
+            "convert_model build the %s graph without running it."
+            % (lists.target, ", ".join(sorted(lp_ops)), lists.target, on_cpu[0], lists.target))
+
+
+def _default_target(target_dtype, policy, contexts):
+    """``target_dtype=None``: bfloat16 for CPU contexts and float16 for GPUs (or the policy's)."""
+    if target_dtype is not None or policy is not None:
+        return target_dtype
+    return CPU_TARGETS[0] if all(dtypes.is_cpu(c) for c in contexts) else "float16"
+
+
+def _example_shapes(inputs, example_inputs):
+    """{input name: shape} of the example inputs, when given."""
+    if example_inputs is None:
+        return {}
+    if not isinstance(example_inputs, (list, tuple)):
+        example_inputs = (example_inputs,)
+    return {i.name: x.shape for i, x in zip(inputs, example_inputs)}
+
+
+def _say_if_shapes_are_unknown(shapes, amp_plan):
+    """A rule on shapes (the AMX guard) holds where shapes are unknown: say how to give them."""
+    guarded = [d for d in amp_plan.device_plans if d.low_precision and d.fp32_when]
+    if not shapes and guarded:
+        _LOG.warning("mxamp: convert_hybrid_block does not know the input shapes, so every "
+                    "convolution a shape rule of CPU class %r could concern stays float32 (%s). "
+                    "Pass example_inputs=<a batch> to convert only the shapes that need it.",
+                    guarded[0].device, op_summary(guarded[0].fp32_when))
+
+
+def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
+                         conditional_fp32_ops=None, excluded_sym_names=None, ctx=None,
+                         cast_optional_params=False, example_inputs=None, fp32_outputs=True,
+                         allow_widest_overrides=False, policy=None):
+    """Return a mixed-precision :class:`ConvertedBlock` (a SymbolBlock) made from a HybridBlock.
+
+    The block must have been hybridized and run once, or ``example_inputs`` (an NDArray or a
+    tuple of them, one per forward argument) must be given; it is run once under
+    ``autograd.pause()``. ``ctx=None`` puts the parameters on the block's own context (CPU
+    for a block on CPU). ``target_dtype=None`` picks bfloat16 for a CPU context and float16
+    for a GPU (the reference's default, float16 on gpu(0), fails on a CPU-only machine);
+    ``'auto'`` picks float16 for a GPU, bfloat16 for a CPU that computes it natively and float32
+    compute on other CPUs. Converting to float16 for a CPU context raises ``RuntimeError`` (no
+    float16 convolution/GEMM kernels there). The block returned runs on ``ctx``: on a CPU
+    without bfloat16 kernels (class 'none') the ops that lack one compute in float32, and one
+    warning per process says so. Node names in ``excluded_sym_names`` are the graph's (e.g.
+    ``'resnetv10_conv0_fwd'``, see ``mxamp.conversion.precision_pass.graph_nodes`` of the traced graph).
+
+    >>> net = mx.gluon.nn.Dense(2, in_units=3)
+    >>> net.initialize()
+    >>> net.hybridize()
+    >>> lp = convert_hybrid_block(net, 'bfloat16', example_inputs=mx.nd.ones((1, 3)))
+    >>> lp(mx.nd.ones((1, 3))).shape
+    (1, 2)
+    """
+    if not isinstance(block, HybridBlock):
+        raise AmpArgumentError("convert_hybrid_block needs a gluon HybridBlock, got %s"
+                               % type(block).__name__)
+    if ctx is not None and not isinstance(ctx, mx.Context):
+        raise AmpArgumentError("ctx must be an mx.Context (e.g. mx.cpu()), got %r" % (ctx,))
+    ctx = ctx or block_context(block)
+    amp_plan = _plan(_default_target(target_dtype, policy, [ctx]), [device_of(ctx)],
+                     target_dtype_ops, fp32_ops, conditional_fp32_ops, allow_widest_overrides,
+                     policy, None)
+    inputs, sym = trace_graph(block, example_inputs)
+    lists = amp_plan.graph_lists()
+    amp_plan.announce()
+    excluded = check_name_list(excluded_sym_names, "excluded_sym_names") or []
+    _check_excluded(excluded, [n["name"] for n in graph_nodes(sym)])
+    shapes = _example_shapes(inputs, example_inputs) or recorded_input_shapes(block)
+    _say_if_shapes_are_unknown(shapes, amp_plan)
+    converted = _convert(sym, lists, excluded, [i.name for i in inputs], cast_optional_params,
+                         fp32_outputs, shapes)
+    _check_device_can_run(lists, converted, [ctx])
+    # Typed input variables spare SymbolBlock a "cannot decide type" warning.
+    typed_inputs = [mx.sym.var(i.name, dtype="float32") for i in inputs]
+    typed_inputs = [v.as_np_ndarray() if isinstance(i, NumpySymbol) else v
+                    for v, i in zip(typed_inputs, inputs)]
+    fix_astype()  # fp32_outputs=False leaves bfloat16 oneDNN outputs to the caller's astype
+    ret = ConvertedBlock(converted, typed_inputs)
+    source = {p.name: p for p in block.collect_params().values()}
+    wanted = param_dtypes(converted)
+    for name, param in ret.collect_params().items():
+        value = cast(ParamView(source[name]).reduce(), wanted.get(name, "float32"))
+        param.cast(value.dtype)
+        ParamView(param).load(value, [ctx])
+    return ret
+
+
+def convert_bucketing_module(bucketing_mod, target_dtype=None, target_dtype_ops=None,
+                             fp32_ops=None, conditional_fp32_ops=None, excluded_sym_names=None,
+                             cast_optional_params=False, fp32_outputs=True,
+                             allow_widest_overrides=False, policy=None):
+    """Convert every bucket of an initialised BucketingModule; return a new BucketingModule.
+
+    ``excluded_sym_names`` may name nodes of any bucket (a name must exist in at least one);
+    buckets first seen after the conversion are converted when they are created.
+    ``target_dtype=None`` picks bfloat16 when the module runs on a CPU, float16 on GPUs;
+    ``'auto'`` as in :func:`convert_hybrid_block`. Ops the module's CPU has no kernel for
+    compute in float32, as in :func:`convert_hybrid_block`.
+
+    >>> # lp_mod = convert_bucketing_module(mod, 'bfloat16'); lp_mod.bind(...); lp_mod.forward(...)
+    """
+    if not isinstance(bucketing_mod, BucketingModule):
+        raise AmpArgumentError("convert_bucketing_module needs an mx.mod.BucketingModule, got "
+                               "%s" % type(bucketing_mod).__name__)
+    view = BucketingView(bucketing_mod)
+    if not view.buckets or not bucketing_mod.params_initialized:
+        raise RuntimeError("bind the BucketingModule and initialise its parameters "
+                           "(mod.bind(...); mod.init_params()) before converting it")
+    contexts = view.context
+    contexts = list(contexts) if isinstance(contexts, (list, tuple)) else [contexts]
+    amp_plan = _plan(_default_target(target_dtype, policy, contexts),
+                     [device_of(c) for c in contexts], target_dtype_ops, fp32_ops,
+                     conditional_fp32_ops, allow_widest_overrides, policy, None)
+    lists = amp_plan.graph_lists()
+    amp_plan.announce()
+    excluded = check_name_list(excluded_sym_names, "excluded_sym_names") or []
+    per_bucket = {key: {n["name"] for n in graph_nodes(mod.symbol)}
+                  for key, mod in view.buckets.items()}
+    _check_excluded(excluded, set().union(*per_bucket.values()))
+    arg_params, aux_params = bucketing_mod.get_params()
+    symbols, wanted = {}, {}
+    for key, mod in view.buckets.items():
+        data_names = [n for n in mod.symbol.list_inputs()
+                      if n not in arg_params and n not in aux_params]
+        symbols[key] = _convert(mod.symbol, lists, [n for n in excluded if n in per_bucket[key]],
+                                data_names, cast_optional_params, fp32_outputs)
+        _check_device_can_run(lists, symbols[key], contexts)
+        wanted.update(param_dtypes(symbols[key]))
+    param_names = set(arg_params) | set(aux_params)
+
+    def converted_sym_gen(bucket_key):
+        """Buckets first seen after conversion are converted the same way."""
+        sym, data_names, label_names = view.sym_gen(bucket_key)
+        nodes = {n["name"] for n in graph_nodes(sym)}
+        return _convert(sym, lists, [n for n in excluded if n in nodes],
+                        [n for n in sym.list_inputs() if n not in param_names],
+                        cast_optional_params, fp32_outputs), data_names, label_names
+
+    return BucketingModule.load_dict(
+        symbols, sym_gen=converted_sym_gen, arg_params=_cast_params(arg_params, wanted),
+        aux_params=_cast_params(aux_params, wanted),
+        default_bucket_key=view.default_bucket_key, logger=bucketing_mod.logger,
+        context=view.context, work_load_list=view.work_load_list,
+        fixed_param_names=view.fixed_param_names, state_names=view.state_names,
+        group2ctxs=view.group2ctxs, compression_params=view.compression_params)

@@ -1,0 +1,123 @@
+"""Gluon plumbing for graph conversion: tracing a HybridBlock, and a SymbolBlock that exports casts.
+
+>>> import mxnet as mx
+>>> net = mx.gluon.nn.Dense(2, in_units=3, prefix='fc_')
+>>> net.initialize()
+>>> inputs, sym = trace_graph(net, mx.nd.ones((1, 3)))
+>>> [i.name for i in inputs], sym.list_outputs()
+(['data'], ['fc_fwd_output'])
+"""
+import logging
+
+import mxnet as mx
+from mxnet.gluon import SymbolBlock
+
+from mxamp.errors import AmpArgumentError
+from mxamp.backend.mxnet_private import BlockView, ParamView
+from mxamp.runtime.hooks import dropped_graph_inputs, graph_is_stale
+
+_LOG = logging.getLogger(__name__)
+
+
+class ConvertedBlock(SymbolBlock):
+    """The SymbolBlock ``convert_hybrid_block`` returns; ``export`` keeps the AMP casts.
+
+    ``SymbolBlock.imports`` of the exported files gives back the same mixed-precision model.
+
+    >>> issubclass(ConvertedBlock, SymbolBlock)
+    True
+    """
+
+    def export(self, path, epoch=0, remove_amp_cast=False):
+        """Save ``path-symbol.json`` (casts kept unless asked) and ``path-%04d.params``.
+
+        Works before the block has run (MXNet's own export needs one forward pass first).
+
+        >>> import os, tempfile
+        >>> from mxamp.conversion.convert import convert_hybrid_block
+        >>> net = mx.gluon.nn.Dense(2, in_units=3)
+        >>> net.initialize()
+        >>> folder = tempfile.mkdtemp()
+        >>> convert_hybrid_block(net, example_inputs=mx.nd.ones((1, 3))).export(folder + '/m')
+        >>> sorted(os.listdir(folder))
+        ['m-0000.params', 'm-symbol.json']
+        """
+        sym = BlockView(self).cached_graph[1]
+        sym.save("%s-symbol.json" % path, remove_amp_cast=remove_amp_cast)
+        arg_names = set(sym.list_arguments())
+        saved = {("arg:" if name in arg_names else "aux:") + name: ParamView(param).reduce()
+                 for name, param in self.collect_params().items()}
+        save = mx.npx.save if mx.util.is_np_array() else mx.nd.save
+        save("%s-%04d.params" % (path, epoch), saved)
+
+
+def trace_graph(block, example_inputs=None):
+    """(input symbols, output symbol) of a HybridBlock, running it once on example input if needed.
+
+    A block that is not hybridized is traced symbolically and left as it was.
+
+    >>> net = mx.gluon.nn.Dense(2, in_units=3, prefix='fc_')
+    >>> net.initialize()
+    >>> trace_graph(net, mx.nd.ones((1, 3)))[1].list_outputs()
+    ['fc_fwd_output']
+    """
+    view = BlockView(block)
+    if example_inputs is not None:
+        if not isinstance(example_inputs, (list, tuple)):
+            example_inputs = (example_inputs,)
+        if not all(isinstance(x, mx.nd.NDArray) for x in example_inputs):
+            raise AmpArgumentError("example_inputs must be an NDArray or a list/tuple of "
+                                   "NDArrays")
+        with mx.autograd.pause():
+            block(*example_inputs)  # completes deferred initialisation; caches the graph
+        if not view.cached_graph:  # not hybridized: trace symbolically, leave no trace
+            graph = view.trace(*example_inputs)
+            view.cached_graph = ()
+            return graph
+    dropped = dropped_graph_inputs(block)
+    if not view.cached_graph and dropped is not None:
+        # amp.reset() dropped the graph this block built under AMP: trace it again, float32
+        graph = view.trace(*dropped)
+        view.cached_graph = ()
+        return graph
+    if not view.cached_graph:
+        raise RuntimeError(
+            "%s has no graph yet (a block's graph is recorded at its first forward pass after "
+            "hybridize()): pass example_inputs=<a batch of input>, or call block.hybridize() "
+            "and block(x) once first" % type(block).__name__)
+    if graph_is_stale(block):
+        return _retraced(view)
+    return view.cached_graph
+
+
+def _retraced(view):
+    """The graph of a block whose cached one was built under another AMP generation (an
+    ``amp.init`` since reset, ``amp.tune``'s candidates): that graph holds the generation's
+    casts, and converting it casts twice (ResNet-50: 279 casts instead of 89, 1.7x slower).
+    Traced again from ``hybrid_forward`` on the same inputs; the block keeps its own graph
+    (mxamp's block hook rebuilds it at its next call)."""
+    stale = view.cached_graph
+    view.cached_graph = ()
+    try:
+        return view.trace(*stale[0])
+    except Exception as err:  # noqa: BLE001 - nested inputs the flat symbols cannot regroup
+        _LOG.warning("mxamp: could not trace %s again (%s); converting the graph it built "
+                     "under an earlier amp.init, casts included. Pass example_inputs=<a batch> "
+                     "to convert a fresh one.", type(view.obj).__name__, err)
+        return stale
+    finally:
+        view.cached_graph = stale
+
+
+def block_context(block):
+    """The context of a block's first parameter (CPU when it has none).
+
+    >>> block_context(mx.gluon.nn.Dense(2))
+    cpu(0)
+    """
+    for param in block.collect_params().values():
+        try:
+            return param.list_ctx()[0]
+        except RuntimeError:  # not initialized yet
+            continue
+    return mx.cpu()

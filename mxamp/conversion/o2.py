@@ -1,0 +1,339 @@
+"""O2: train a whole Gluon model in low precision, with float32 master weights in the optimizer.
+
+:func:`cast_model` does in one call what GluonCV's Faster/Mask R-CNN scripts do by hand with
+``net.cast('float16')``: the parameters of every layer are cast to the target dtype, except
+normalisation layers and the layers the user excludes, which keep float32 parameters. Then:
+
+* BatchNorm (and SyncBatchNorm) takes low-precision data with its float32 gamma/beta/statistics
+  directly (its CPU and GPU kernels accept the mix; measured for bfloat16 on CPU, forward
+  and backward).
+* LayerNorm, GroupNorm, InstanceNorm, excluded layers and (bfloat16) Embedding and Dropout,
+  which have no bfloat16 CPU kernel, compute in float32: their input is cast to float32 and
+  their output back to the target, so activations keep one dtype.
+* Data entering the model in another float dtype (float32, float64, ...) is cast to the target
+  at the model's input; integer inputs pass unchanged (give token ids as int32: float ids
+  above 256 do not survive a bfloat16 cast).
+* The model's outputs come back in float32 (``output_dtype=None`` keeps the target dtype).
+* Layers whose shapes a CPU class must not run in low precision (on ``amx``, the 1x1
+  convolutions that corrupt the heap: :mod:`mxamp.lists.bfloat16`) compute in float32 on
+  those calls.
+
+What runs depends on the device (:mod:`mxamp.precision.device_plan`). On a CPU without bfloat16 kernels
+(class 'none'), ``cast_model(net, 'bfloat16')`` keeps bfloat16 *storage* with float32 *compute*:
+parameters are bfloat16 (the optimizer keeps float32 masters), each layer casts its parameters
+to float32 on use, and activations stay float32. The model trains as it will on a bfloat16
+CPU as far as weight rounding goes, and runs *slower* than float32: without AVX-512, oneDNN
+converts to and from bfloat16 with a scalar loop (~50-80 ns a value; the MNIST example's O2 run
+took 2.8x float32's time on an AVX2 EPYC). One warning per process says so.
+``target_dtype='auto'`` picks float16 on a GPU, bfloat16 on a CPU that computes it natively,
+and elsewhere leaves the model in float32 (one log line says why).
+
+Train it with ``amp.init_trainer(trainer)`` (float32 master weights for low-precision
+parameters, dynamic loss scaling for float16) and ``amp.scale_loss``.
+
+>>> import mxnet as mx
+>>> net = mx.gluon.nn.HybridSequential()
+>>> net.add(mx.gluon.nn.Dense(8), mx.gluon.nn.BatchNorm(), mx.gluon.nn.Dense(2))
+>>> net.initialize()
+>>> net = cast_model(net, 'bfloat16', example_inputs=mx.nd.ones((2, 4)))  # amp.cast_model
+>>> net[0].weight.dtype == dtypes.BFLOAT16, net[1].gamma.dtype
+(True, <class 'numpy.float32'>)
+>>> net(mx.nd.ones((2, 4))).dtype
+<class 'numpy.float32'>
+"""
+import functools
+import logging
+
+import mxnet as mx
+from mxnet.gluon import Block, HybridBlock, nn
+
+from mxamp.backend.devices import device_of
+from mxamp import dtypes
+from mxamp.precision import plan
+from mxamp.runtime.casting import cast
+from mxamp.runtime.hooks import building_input_shapes, fix_astype, hook_block_graphs
+from mxamp.errors import AmpArgumentError
+from mxamp.lists.float16 import NO_CPU_KERNEL, NO_CPU_KERNEL_WHY
+from mxamp.backend.graphs import symbol_data_shape
+from mxamp.conversion.graph import block_context
+from mxamp.backend.mxnet_private import BlockView, ParamView
+from mxamp.runtime.state import STATE
+
+LOG = logging.getLogger(__name__)
+
+#: Layers whose parameters stay float32 and that take low-precision data as is.
+MIXED_INPUT_NORMS = (nn.BatchNorm, nn.BatchNormReLU)  # SyncBatchNorm subclasses BatchNorm
+#: Layers computed in float32 between casts, per target: normalisations without a
+#: mixed-dtype kernel, and (bfloat16) layers whose CPU kernel is missing or crashes.
+FP32_LAYERS = {
+    "float16": (nn.LayerNorm, nn.GroupNorm, nn.InstanceNorm),
+    "bfloat16": (nn.LayerNorm, nn.GroupNorm, nn.InstanceNorm, nn.Embedding, nn.Dropout),
+}
+#: The operator each GEMM-like Gluon layer runs (a fact of Gluon; which of them lack a float16
+#: CPU kernel is the op lists' data, ``mxamp.lists.float16.NO_CPU_KERNEL``).
+_LAYER_OPS = ((nn.Dense, "FullyConnected"), ((nn.Conv1D, nn.Conv2D, nn.Conv3D), "Convolution"),
+              ((nn.Conv1DTranspose, nn.Conv2DTranspose, nn.Conv3DTranspose), "Deconvolution"),
+              ((mx.gluon.rnn.RNN, mx.gluon.rnn.LSTM, mx.gluon.rnn.GRU), "RNN"))
+
+
+def cast_tensor(x, dtype_name):
+    """Cast one NDArray/Symbol (legacy or numpy interface) if it is a float of another dtype.
+
+    Integer tensors pass through; float64 goes through float32. (:func:`mxamp.runtime.casting.cast`.)
+
+    >>> cast_tensor(mx.nd.ones((1,), dtype='float64'), 'bfloat16').dtype == dtypes.BFLOAT16
+    True
+    """
+    return cast(x, dtype_name)
+
+
+def _cast_nested(value, dtype_name):
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast_nested(v, dtype_name) for v in value)
+    return cast_tensor(value, dtype_name)
+
+
+def _cast_parameter(param, dtype_name):
+    """Parameter.cast, but for every dtype and interface (``astype`` cannot make numpy bf16)."""
+    view = ParamView(param)
+    view.dtype = dtypes.to_mx(dtype_name)
+    if view.data is None:
+        return
+    with mx.autograd.pause():
+        view.data = [cast(d, dtype_name) for d in view.data]
+        if view.grad is not None:
+            view.grad = [cast(g, dtype_name) for g in view.grad]
+            mx.autograd.mark_variables(view.data, view.grad, param.grad_req)
+
+
+def _fp32_island(block, target):
+    """Make ``block`` compute in float32 between casts: float32 in, ``target`` dtype out."""
+    inner = block.hybrid_forward if isinstance(block, HybridBlock) else block.forward
+
+    if isinstance(block, HybridBlock):
+        @functools.wraps(inner)
+        def hybrid_forward(F, *args, **params):
+            return _cast_nested(inner(F, *_cast_nested(args, "float32"), **params), target)
+        block.hybrid_forward = hybrid_forward
+    else:
+        @functools.wraps(inner)
+        def forward(*args):
+            return _cast_nested(inner(*_cast_nested(args, "float32")), target)
+        block.forward = forward
+
+
+def _fp32_compute(block):
+    """bfloat16 storage, float32 compute: ``block`` casts its inputs and parameters to float32.
+
+    For a CPU with no bfloat16 kernels. Only a HybridBlock's parameters can be intercepted (they
+    reach ``hybrid_forward`` as arguments); returns False for other blocks."""
+    if not isinstance(block, HybridBlock):
+        return False
+    inner = block.hybrid_forward
+
+    @functools.wraps(inner)
+    def hybrid_forward(F, *args, **params):
+        return _in_float32(inner, F, args, params)
+    block.hybrid_forward = hybrid_forward
+    return True
+
+
+def _in_float32(hybrid_forward, F, args, params):
+    """``hybrid_forward`` called with its inputs and parameters cast to float32."""
+    params = {k: cast(v, "float32") for k, v in params.items()}
+    return hybrid_forward(F, *_cast_nested(args, "float32"), **params)
+
+
+def _layer_conditions(block, fp32_when):
+    """The conditions under which this CPU class computes ``block``'s op in float32 (a Gluon
+    layer names its op in ``_op_name`` and its parameters in ``_kwargs``)."""
+    op = getattr(block, "_op_name", None)
+    return fp32_when.get(op, ()) if op else ()
+
+
+def _fp32_where(block, conditions, target):
+    """Make ``block`` compute in float32 between casts on the calls where one of
+    ``conditions`` holds (its shapes are seen at call time, or inferred while a hybridized
+    graph is built; unknown shapes count as the condition says)."""
+    inner = block.hybrid_forward
+    attrs = dict(getattr(block, "_kwargs", {}))
+
+    @functools.wraps(inner)
+    def hybrid_forward(F, x, *args, **params):
+        shape = x.shape if isinstance(x, mx.nd.NDArray) else symbol_data_shape(x, building_input_shapes())
+        if not any(c.holds(attrs, shape) for c in conditions):
+            return inner(F, x, *args, **params)
+        return _cast_nested(_in_float32(inner, F, (x,) + args, params), target)
+    block.hybrid_forward = hybrid_forward
+
+
+def _model_boundary(block, target, output_dtype):
+    """Cast float inputs to the target where they enter the model, outputs where they leave."""
+    inner = block.forward
+
+    @functools.wraps(inner)
+    def forward(*args):
+        out = inner(*_cast_nested(args, target))
+        return out if output_dtype is None else _cast_nested(out, output_dtype)
+    block.forward = forward
+
+
+def _all_blocks(block):
+    out = [block]
+    for child in BlockView(block).children.values():
+        out.extend(_all_blocks(child))
+    return out
+
+
+def _plan(block, target, excluded):
+    """Split the model into (low-precision blocks, float32 islands), islands' subtrees included."""
+    low, islands = [], []
+
+    def visit(b):
+        if b in excluded or isinstance(b, FP32_LAYERS[target]):
+            islands.append(b)  # its children compute in float32 with it
+            return
+        if not isinstance(b, MIXED_INPUT_NORMS):
+            low.append(b)
+        for child in BlockView(b).children.values():
+            visit(child)
+    visit(block)
+    return low, islands
+
+
+def _matches(block, rule):
+    if isinstance(rule, Block):
+        return block is rule
+    if isinstance(rule, type):
+        return isinstance(block, rule)
+    return rule in (block.name, block.prefix, block.prefix.rstrip("_"))
+
+
+def _check_exclude(exclude):
+    exclude = [] if exclude is None else exclude
+    if isinstance(exclude, (str, Block, type)):
+        exclude = [exclude]
+    if not isinstance(exclude, (list, tuple, set)):
+        raise AmpArgumentError("exclude must be a list of Blocks, Block classes or block names, "
+                               "got %s" % type(exclude).__name__)
+    for rule in exclude:
+        ok = isinstance(rule, (str, Block)) or (isinstance(rule, type) and issubclass(rule, Block))
+        if not ok:
+            raise AmpArgumentError("exclude entries must be Blocks, Block classes or block "
+                                   "names (str), got %r" % (rule,))
+    return list(exclude)
+
+
+def _finish_init(block, example_inputs):
+    pending = [p.name for p in block.collect_params().values() if ParamView(p).data is None]
+    if pending and example_inputs is None:
+        raise RuntimeError(
+            "parameters %s are not initialised yet (deferred initialisation waits for the first "
+            "forward pass): call block.initialize() and run block(x) once, or pass "
+            "example_inputs=<a batch> to cast_model" % ", ".join(pending[:3]))
+    if pending:
+        if not isinstance(example_inputs, (list, tuple)):
+            example_inputs = (example_inputs,)
+        with mx.autograd.pause():
+            block(*example_inputs)
+
+
+def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float32",
+               example_inputs=None):
+    """Cast a Gluon model for whole-model low-precision training (O2), in place; return it.
+
+    Parameters
+    ----------
+    block : gluon.Block
+        An initialised model (with ``example_inputs``, deferred initialisation is finished first).
+    target_dtype : 'bfloat16' (CPU or GPU), 'float16' (GPU) or 'auto'
+        'auto': float16 on a GPU, bfloat16 on a CPU that computes it natively, else the model
+        is left in float32. On a CPU with no bfloat16 kernels, 'bfloat16' means bfloat16
+        storage with float32 compute (see the module doc).
+    exclude : list of Block, Block class or str, optional
+        Layers kept in float32: the Block objects themselves, every layer of a class, or names
+        (``block.name`` such as ``'resnetv10_dense0'`` or its prefix ``'resnetv10_dense0_'``).
+        Normalisation layers are always kept (see the module doc).
+    output_dtype : str or None, default 'float32'
+        dtype of the outputs; None leaves them in the dtype they were computed in.
+    example_inputs : NDArray or tuple of NDArrays, optional
+        A batch to run once (no gradient) when parameters still wait for deferred init.
+
+    Raises ``TypeError`` for a non-Block or a bad ``exclude`` entry, ``ValueError`` for a bad
+    dtype or an exclude name matching no layer, and ``RuntimeError`` for a model cast twice,
+    uninitialised parameters, or float16 on a CPU (no float16 GEMM/convolution kernels).
+
+    >>> net = mx.gluon.nn.Dense(3, in_units=4)
+    >>> net.initialize()
+    >>> cast_model(net, 'bfloat16').weight.dtype == dtypes.BFLOAT16
+    True
+    """
+    if not isinstance(block, Block):
+        raise AmpArgumentError("cast_model needs a gluon Block, got %s" % type(block).__name__)
+    requested = dtypes.normalize_request(target_dtype)
+    if output_dtype is not None:
+        output_dtype = dtypes.name_of(output_dtype)
+    exclude = _check_exclude(exclude)
+    if getattr(block, "_mxamp_o2_target", None):
+        raise RuntimeError("this model was already cast to %s by cast_model; build a fresh model "
+                           "to cast it again" % block._mxamp_o2_target)
+    blocks = _all_blocks(block)
+    unmatched = [r for r in exclude if not any(_matches(b, r) for b in blocks)]
+    if unmatched:
+        raise AmpArgumentError(
+            "exclude entries match no layer of the model: %s (layer names: %s)"
+            % (", ".join(map(str, unmatched)), ", ".join(b.name for b in blocks[:6])))
+    _finish_init(block, example_inputs)
+    amp_plan = plan.make(requested, [device_of(block_context(block))])
+    target, here = amp_plan.target, amp_plan.primary
+    if requested == dtypes.AUTO and not here.low_precision:
+        LOG.info("mxamp: cast_model: %s; the model stays float32", amp_plan.describe())
+        return block
+    low, islands = _plan(block, target, [b for b in blocks if any(_matches(b, r) for r in exclude)])
+    _check_device(block, target, low)
+    amp_plan.announce(stacklevel=4)
+    compute = target if here.low_precision else "float32"
+    opaque = []
+    for lp_block in low:
+        float_params = [p for p in BlockView(lp_block).own_params.values()
+                        if dtypes.is_float(p.dtype)]
+        for param in float_params:
+            _cast_parameter(param, target)
+        if float_params and compute == "float32" and not _fp32_compute(lp_block):
+            opaque.append(lp_block.name)
+        conditions = _layer_conditions(lp_block, here.fp32_when)
+        if conditions and compute != "float32" and isinstance(lp_block, HybridBlock):
+            _fp32_where(lp_block, conditions, compute)
+    for island in islands:
+        _fp32_island(island, compute)
+    _model_boundary(block, compute, output_dtype)
+    hook_block_graphs()  # shapes for _fp32_where while hybridized graphs are built
+    fix_astype()  # outputs kept in bfloat16 (output_dtype=None) convert with astype
+    block.apply(lambda b: BlockView(b).clear_cached_op() if isinstance(b, HybridBlock)
+                else None)
+    block._mxamp_o2_target = target
+    if opaque and STATE.target != target:
+        LOG.warning("mxamp: cast_model(%s): %s are not HybridBlocks, so their %s parameters "
+                    "reach their operators as they are, and this CPU has no %s kernels. Call "
+                    "amp.init(%r) as well to compute those operators in float32.",
+                    target, ", ".join(opaque), target, target, target)
+    elif compute != "float32" and STATE.target != target:
+        LOG.warning("mxamp: cast_model(%s) without amp.init(target_dtype=%r): operators that "
+                    "hybrid_forward calls directly (F.batch_dot, F.transpose, F.LayerNorm, ...) "
+                    "now get %s inputs, and some have no %s kernel. Call amp.init(%r) as well "
+                    "to route them to float32.", target, target, target, target, target)
+    return block
+
+
+def _check_device(block, target, lp_leaves):
+    if target != "float16":
+        return
+    on_cpu = any(dtypes.is_cpu(ctx) for p in block.collect_params().values()
+                 for ctx in p.list_ctx())
+    no_kernel = sorted({type(b).__name__ for b in lp_leaves for layers, op in _LAYER_OPS
+                        if isinstance(b, layers) and op in NO_CPU_KERNEL})
+    if on_cpu and no_kernel:
+        raise RuntimeError(
+            "float16 %s layers cannot run on a CPU (%s): move the model to a GPU first "
+            "(block.reset_ctx(mx.gpu(0))), or use target_dtype='bfloat16' on a CPU"
+            % (", ".join(no_kernel), NO_CPU_KERNEL_WHY))

@@ -1,0 +1,246 @@
+"""What one device computes for a low-precision request: the class rules and the probe's verdict.
+
+MXNet runs an operator in low precision only where it has a kernel for it, and low precision
+only pays where the hardware computes it. :func:`device_plan` turns a request (``'float16'``,
+``'bfloat16'`` or ``'auto'``), its resolved op lists and a device (``'gpu'``, or this CPU's
+bfloat16 class from :mod:`mxamp.backend.cpu`) into a :class:`DevicePlan`: which ops compute in float32
+there whatever their list says, which shapes must (the AMX guard), and whether anything runs in
+low precision at all. :mod:`mxamp.precision.plan` makes one per device a model runs on; entry points read
+them from there.
+
+============ ========== ======================== ==================== =======================
+request      GPU        CPU ``amx``/``native``   CPU ``emulated``     CPU ``none``
+============ ========== ======================== ==================== =======================
+'float16'    float16    float32 (no float16 CPU GEMM/convolution kernels; GPU scripts run)
+'bfloat16'   bfloat16   bfloat16                 bfloat16, slower     float32: no kernels
+'auto'       float16    bfloat16 where measured  float32              float32
+                        faster (:mod:`mxamp.backend.probe`)
+============ ========== ======================== ==================== =======================
+
+Where a plan computes in float32, AMP stays on: ``amp.init_trainer``'s scaler still skips
+steps with non-finite gradients, and a model behaves, bit for bit, as in float32.
+
+>>> from mxamp.precision import device_plan as devices
+>>> from mxamp.lists import get_op_lists
+>>> device_plan('bfloat16', get_op_lists('bfloat16'), 'none').compute
+'float32'
+>>> device_plan('bfloat16', get_op_lists('bfloat16'), 'amx').compute
+'bfloat16'
+"""
+from dataclasses import dataclass, field
+
+from mxamp import dtypes
+from mxamp.backend.cpu import BF16_CLASSES, NATIVE_CLASSES, cpu_features
+from mxamp.backend.devices import GPU, cpu_class
+from mxamp.backend.probe import MIN_SPEEDUP, known_result, machine_probe, probe_enabled
+from mxamp.errors import AmpArgumentError
+from mxamp.lists.float16 import NO_CPU_KERNEL_WHY
+
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """What one low-precision request computes on one device.
+
+    >>> from mxamp.lists import get_op_lists
+    >>> p = device_plan('float16', get_op_lists('float16'), 'emulated')
+    >>> p.low_precision, 'FullyConnected' in p.fp32_ops
+    (False, True)
+    """
+
+    requested: str               #: 'float16', 'bfloat16' or 'auto'
+    target: str                  #: the op lists in force: 'float16' or 'bfloat16'
+    device: str                  #: 'gpu' or a CPU bfloat16 class
+    compute: str                 #: what the low-precision ops compute in here: target or 'float32'
+    fp32_ops: frozenset          #: ops computed in float32 here whatever their category
+    reason: str                  #: why low precision is off or slower here ('' when neither)
+    #: op -> conditions (mxamp.lists.conditions) under which it computes in float32 here: shapes
+    #: whose low-precision kernel is broken on this CPU class (e.g. AMX's 1x1 convolutions)
+    fp32_when: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def low_precision(self):
+        """True when some op computes in the target dtype on this device."""
+        return self.compute != "float32"
+
+    def summary(self):
+        """What runs, in a few words: for tables and reports.
+
+        >>> from mxamp.lists import get_op_lists
+        >>> device_plan('bfloat16', get_op_lists('bfloat16'), 'none').summary()
+        'bfloat16 requested; float32 compute: this CPU has no bfloat16 kernels'
+        >>> device_plan('bfloat16', get_op_lists('bfloat16'), 'amx').summary()
+        'bfloat16 compute (AMX)'
+        """
+        if not self.low_precision:
+            return "%s requested; float32 compute: %s" % (self.requested, self.reason)
+        how = {"amx": " (AMX)", "native": " (AVX512-BF16)", "gpu": " (GPU)"}.get(self.device, "")
+        if self.device == "emulated":
+            how = ", emulated by oneDNN: slower than float32"
+        return "%s compute%s" % (self.compute, how)
+
+    def describe(self):
+        """One line for logs: the request, the device and what runs.
+
+        >>> from mxamp.lists import get_op_lists
+        >>> device_plan('bfloat16', get_op_lists('bfloat16'), 'native').describe()
+        "target_dtype='bfloat16' on a CPU of class 'native': bfloat16 compute (AVX512-BF16)"
+        """
+        where = "a GPU" if self.device == GPU else "a CPU of class %r" % self.device
+        what = self.summary()
+        if not self.low_precision:
+            what = "float32 compute (%s)" % self.reason
+        return "target_dtype=%r on %s: %s" % (self.requested, where, what)
+
+
+def target_for(requested, device):
+    """The op lists a request (any spelling ``amp.init`` takes) uses on a device: ``'auto'`` is
+    float16 on a GPU, else bfloat16.
+
+    >>> target_for('auto', 'gpu'), target_for('auto', 'emulated'), target_for('float16', 'none')
+    ('float16', 'bfloat16', 'float16')
+    """
+    requested = dtypes.normalize_request(requested)
+    if requested != dtypes.AUTO:
+        return requested
+    return "float16" if device == GPU else "bfloat16"
+
+
+#: Why 'auto' computes in float32 on an AMX CPU whose AMX is off (class 'native' there).
+WHY_AMX_OFF = ("this CPU has AMX but it is off (set MXAMP_AMX=1 before importing mxamp to use "
+               "it); bfloat16 without AMX measured 0.68-0.90x float32's speed on Sapphire Rapids")
+
+
+def amx_idle_here(device):
+    """True when ``device`` is this CPU, it has AMX tiles, and AMX is not in effect: bfloat16
+    then runs on AVX512-BF16, which on Sapphire Rapids is slower than float32.
+
+    >>> amx_idle_here('gpu')
+    False
+    """
+    if device != "native" or device != cpu_class():
+        return False
+    features = cpu_features()
+    return features.amx_bf16 and not features.amx_in_effect
+
+
+_WHY_FLOAT32 = {
+    "float16": "float16 is computed on GPUs only: " + NO_CPU_KERNEL_WHY,
+    "none": "this CPU has no bfloat16 kernels",
+    "emulated": "this CPU only emulates bfloat16, slower than float32",
+}
+
+
+def device_plan(requested, lists, device, float32_because=""):
+    """The :class:`DevicePlan` of ``requested`` with ``lists`` (its target's op lists) on
+    ``device``. ``float32_because`` (a tuned policy's choice, say) keeps every low-precision
+    op in float32 there, for that reason.
+
+    >>> from mxamp.lists import get_op_lists
+    >>> p = device_plan('bfloat16', get_op_lists('bfloat16'), 'none')
+    >>> p.compute, sorted(p.fp32_ops)[:3]
+    ('float32', ['Activation', 'BatchNorm', 'Convolution'])
+    """
+    if device != GPU and device not in BF16_CLASSES:
+        raise AmpArgumentError("device must be %r or a CPU class %s, got %r"
+                               % (GPU, BF16_CLASSES, device))
+    low = frozenset(lists.low_precision)
+    if device == GPU:
+        fp32_ops, reason = frozenset(), ""
+    elif lists.target == "float16":
+        fp32_ops, reason = low, _WHY_FLOAT32["float16"]
+    else:
+        fp32_ops = frozenset(lists.missing_kernels(device))
+        reason = _WHY_FLOAT32.get(device, "")
+        if requested == dtypes.AUTO and device not in NATIVE_CLASSES:
+            fp32_ops |= low
+        elif requested == dtypes.AUTO and device == cpu_class() and probe_enabled():
+            measured = machine_probe()       # the class computes bfloat16: is it faster here?
+            if not measured.bf16_pays:
+                fp32_ops |= low
+                reason = measured.summary()
+        elif requested == dtypes.AUTO and amx_idle_here(device):
+            fp32_ops |= low
+            reason = WHY_AMX_OFF
+    if float32_because:
+        fp32_ops, reason = fp32_ops | low, float32_because
+    compute = lists.target if low - fp32_ops else "float32"
+    if compute != "float32" and device != "emulated":
+        reason = ""
+    fp32_when = {}
+    if device != GPU and compute != "float32":
+        fp32_when = {op: conds for op, conds in lists.fp32_when(device).items()
+                     if op not in fp32_ops}
+    return DevicePlan(requested=requested, target=lists.target, device=device, compute=compute,
+                      fp32_ops=fp32_ops, reason=reason, fp32_when=fp32_when)
+
+
+# --------------------------------------------------------------------------------- notices
+
+
+def cpu_notice(dplan):
+    """The warning a bfloat16 plan on this CPU deserves, or '' (GPU, 'auto', native without
+    AMX hardware).
+
+    Every speed claim is the one true for the class it names.
+
+    >>> from mxamp.lists import get_op_lists
+    >>> lists = get_op_lists('bfloat16')
+    >>> 'no bfloat16 kernels' in cpu_notice(device_plan('bfloat16', lists, 'none'))
+    True
+    >>> cpu_notice(device_plan('auto', get_op_lists('bfloat16'), 'none'))
+    ''
+    """
+    p = dplan
+    if p.device == GPU or p.target != "bfloat16" or p.requested == dtypes.AUTO:
+        return ""
+    why = cpu_features().bf16_reason if p.device == cpu_class() else ""
+    if p.device == "none":
+        return ("mxamp: bfloat16 requested, but this CPU has no bfloat16 kernels (CPU class "
+                "'none'%s). mxamp computes the ops that lack one (%s) in float32 with their "
+                "inputs cast, so nothing is faster than float32 here: amp.init and "
+                "convert_hybrid_block give float32's results, cast_model keeps bfloat16 "
+                "parameters with float32 compute (slower than float32: oneDNN converts "
+                "bfloat16 slowly on such a CPU). AMP stays on (the loss scaler still skips "
+                "non-finite steps). target_dtype='auto' picks float32 here without this warning."
+                % (": " + why if why else "", op_summary(p.fp32_ops)))
+    if p.device == "native" and amx_idle_here(p.device):
+        return ("mxamp: bfloat16 runs WITHOUT AMX in this process (%s): oneDNN uses "
+                "AVX512-BF16, which measured 0.68-0.90x float32's speed on Sapphire Rapids. Set "
+                "MXAMP_AMX=1 before importing mxamp to use AMX (1.75-2.6x float32 on GEMM-heavy "
+                "models; mxamp keeps the 1x1 convolutions that corrupt the heap under oneDNN "
+                "2.4's AMX in float32), or use target_dtype='auto', which computes in float32 "
+                "here." % (cpu_features().reason or cpu_features().bf16_reason))
+    measured = known_result() if p.device in NATIVE_CLASSES and p.device == cpu_class() \
+        else None
+    if measured is not None and not measured.error and not measured.bf16_pays:
+        verdict = "SLOWER than float32" if measured.speedup < 1.0 else (
+            "no faster than float32 (below the %.1fx 'auto' asks for)" % MIN_SPEEDUP)
+        return ("mxamp: bfloat16 was measured %s on this machine: %s. "
+                "target_dtype='auto' computes in float32 here; amp.tune(net, batch) finds "
+                "whether some layers still gain." % (verdict, measured.summary()))
+    if p.device == "amx":
+        features = cpu_features()
+        return ("mxamp: bfloat16 on AMX tiles (in effect: %s). oneDNN 2.4's AMX support is "
+                "initial: 1x1 convolutions of the shapes that corrupt the heap stay float32 "
+                "(python -m mxamp.lists --explain Convolution), and BatchNorm backward and "
+                "depthwise convolutions run slow kernels (MobileNet training measured 11-15x "
+                "slower than float32, with 'auto' too): amp.tune(net, batch) times your model and "
+                "keeps float32 where bfloat16 loses (it chose float32 for that MobileNet)."
+                % (features.amx_check or "unchecked"))
+    if p.device == "emulated":
+        return ("mxamp: this CPU emulates bfloat16 (CPU class 'emulated'%s): bfloat16 runs "
+                "correctly but SLOWER than float32 here (2-5x for GEMMs and convolutions, "
+                "measured on a Cascade Lake Xeon). target_dtype='auto' computes in float32 on "
+                "this CPU." % (": " + why if why else ""))
+    return ""
+
+
+def op_summary(ops):
+    """Op names for a message: the public names, leaving out ``_npx_``/``_sg_`` aliases.
+
+    >>> op_summary({'Convolution', '_npx_convolution', 'BatchNorm'})
+    'BatchNorm, Convolution'
+    """
+    main = sorted(o for o in ops if not o.startswith("_"))
+    return ", ".join(main) if main else ", ".join(sorted(ops))

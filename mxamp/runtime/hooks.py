@@ -1,0 +1,216 @@
+"""The process-wide hooks mxamp installs in MXNet, each through :mod:`mxamp.runtime.patches`.
+
+* :func:`fix_astype`: ``astype`` to or from bfloat16 goes through ``amp_cast`` (MXNet's own
+  ``astype`` cannot copy a oneDNN-layout bfloat16 array);
+* :func:`hook_record_scopes`: the per-``record()`` cast cache opens and closes with autograd's
+  recording scopes;
+* :func:`hook_block_graphs`: a hybridized block rebuilds a graph built under another AMP
+  generation, and its input shapes are known while its graph is built.
+
+All three are undone by ``amp.reset()`` (:func:`mxamp.runtime.patches.undo_all`), which first
+drops the graphs built under AMP (:func:`drop_amp_graphs`), so that they are rebuilt without
+casts at their next call.
+
+>>> fix_astype()
+>>> y = mx.nd.array([1.0, 2.5]).astype('bfloat16')
+>>> y.astype('float32').asnumpy().tolist()
+[1.0, 2.5]
+"""
+import mxnet as mx
+from mxnet.gluon import HybridBlock
+
+from mxamp import dtypes
+from mxamp.backend import mxnet_private as mxp
+from mxamp.runtime.casting import cast
+from mxamp.runtime.patches import is_replaced, replace
+from mxamp.runtime.state import STATE
+
+# ``NDArray.dtype`` is a numpy scalar type for legacy arrays and a numpy dtype for mx.np arrays.
+_DTYPE_NAMES = dtypes.FLOAT_NAMES_BY_DTYPE
+
+
+def _float_name(dtype):
+    try:
+        name = dtypes.name_of(dtype)
+    except (TypeError, ValueError):
+        return None
+    return name if name in ("float16", "bfloat16", "float32") else None
+
+
+def fix_astype():
+    """Make ``NDArray.astype`` and ``mx.np.ndarray.astype`` work on bfloat16 oneDNN outputs.
+
+    MXNet's ``astype`` is ``empty(dtype)`` plus ``copyto``, and that copy cannot change the
+    dtype of an array held in a oneDNN (blocked) layout: ``y.astype('float32')`` of a bfloat16
+    Convolution output fails at the next sync with "The size of NDArray doesn't match the
+    requested MKLDNN memory desc" on every AVX-512 CPU (measured on Sapphire Rapids and Zen 5).
+    After this call a conversion from or to bfloat16 between float types goes through
+    :func:`~mxamp.runtime.casting.cast` (``amp_cast``: differentiable, rounds to nearest);
+    every other ``astype`` is MXNet's. Installed by ``amp.init``, ``cast_model`` and
+    ``convert_hybrid_block``; idempotent; undone by ``amp.reset()``.
+    """
+    for cls in (mx.nd.NDArray, mx.np.ndarray):
+        if is_replaced(cls, "astype"):
+            continue
+        original = cls.__dict__["astype"]
+
+        def astype(self, dtype, *args, __original=original, **kwargs):
+            to, cur = _float_name(dtype), _DTYPE_NAMES.get(self.dtype)
+            if to and cur and to != cur and "bfloat16" in (to, cur):
+                return cast(self, to)
+            return __original(self, dtype, *args, **kwargs)
+
+        astype.__name__, astype.__doc__ = original.__name__, original.__doc__
+        replace(cls, "astype", astype, kind="astype")
+
+
+def hook_record_scopes():
+    """Open and close the per-``record()`` cast cache with autograd's recording scopes.
+
+    >>> hook_record_scopes(); is_replaced(mxp.RecordingScope, '__enter__')
+    True
+    """
+    scope = mxp.RecordingScope
+    if is_replaced(scope, "__enter__"):
+        return
+    enter, exit_ = scope.__enter__, scope.__exit__
+    casts = STATE.recording_casts
+
+    def __enter__(this):
+        was_recording = mx.autograd.is_recording()
+        out = enter(this)
+        if mxp.scope_starts_recording(this) and not was_recording:
+            casts.begin()
+        return out
+
+    def __exit__(this, *exc):
+        out = exit_(this, *exc)
+        if not mx.autograd.is_recording():
+            casts.end()
+        return out
+
+    replace(scope, "__enter__", __enter__, kind="recording scope")
+    replace(scope, "__exit__", __exit__, kind="recording scope")
+
+
+_GENERATION_ATTR = "_mxamp_generation"
+_INPUT_SHAPES_ATTR = "_mxamp_input_shapes"
+_DROPPED_INPUTS_ATTR = "_mxamp_dropped_graph_inputs"
+
+
+def recorded_input_shapes(block):
+    """The input shapes a hybridized block last built its graph with while mxamp's block hook
+    was installed (:func:`hook_block_graphs`), else {}.
+
+    >>> recorded_input_shapes(mx.gluon.nn.Dense(2))
+    {}
+    """
+    return dict(block.__dict__.get(_INPUT_SHAPES_ATTR) or {})
+
+
+def building_input_shapes():
+    """The input shapes of the hybridized block whose graph this thread is building, else {}.
+
+    >>> building_input_shapes()
+    {}
+    """
+    return getattr(STATE.thread_local(), "graph_input_shapes", None) or {}
+
+
+def hook_block_graphs():
+    """Make a hybridized block rebuild a graph built under another AMP generation.
+
+    Installed by ``init`` (and ``cast_model``); ``reset`` drops the graphs built under it and
+    undoes it. The check is one attribute comparison per call of a hybridized block. While a
+    graph is built, the block's input shapes are known (:func:`building_input_shapes`).
+
+    >>> hook_block_graphs()
+    """
+    original = vars(HybridBlock)[mxp.BLOCK_CALL_METHOD]
+    if is_replaced(HybridBlock, mxp.BLOCK_CALL_METHOD):
+        return
+
+    def call_cached_op(block, *args):
+        generation = STATE.generation
+        view = None
+        if block.__dict__.get(_GENERATION_ATTR) != generation:
+            view = mxp.BlockView(block)
+            if view.cached_op is not None:
+                view.clear_cached_op()
+            block.__dict__[_GENERATION_ATTR] = generation
+        if (view or mxp.BlockView(block)).cached_op is None:
+            # the graph is built in this call: conditions on shapes (mxamp.lists.conditions)
+            # infer them from the block's real inputs, named as Gluon names its input vars
+            STATE.amp_graph_blocks.add(block)
+            local = STATE.thread_local()
+            outer = getattr(local, "graph_input_shapes", None)
+            local.graph_input_shapes = graph_input_shapes(args)
+            # kept for convert_hybrid_block: the AMX guard needs shapes (unknown holds)
+            block.__dict__[_INPUT_SHAPES_ATTR] = local.graph_input_shapes
+            try:
+                return original(block, *args)
+            finally:
+                local.graph_input_shapes = outer
+        return original(block, *args)
+
+    call_cached_op.__name__ = original.__name__
+    call_cached_op.__doc__ = original.__doc__
+    replace(HybridBlock, mxp.BLOCK_CALL_METHOD, call_cached_op, kind="block hook")
+
+
+def graph_is_stale(block):
+    """True when ``block``'s cached graph was built under another AMP generation (another
+    ``amp.init``, ``amp.tune``'s candidates): it holds that generation's casts.
+
+    >>> graph_is_stale(mx.gluon.nn.Dense(2))
+    False
+    """
+    return block.__dict__.get(_GENERATION_ATTR, STATE.generation) != STATE.generation
+
+
+def drop_amp_graphs():
+    """Forget the graphs blocks built while :func:`hook_block_graphs` was installed: each is
+    rebuilt at the block's next call (for ``reset``: without AMP's casts). The input
+    variables of each dropped graph are kept (:func:`dropped_graph_inputs`), so that
+    ``convert_hybrid_block`` can still trace a block that ran under AMP."""
+    for block in list(STATE.amp_graph_blocks):
+        view = mxp.BlockView(block)
+        if view.cached_graph:
+            block.__dict__[_DROPPED_INPUTS_ATTR] = view.cached_graph[0]
+        if view.cached_op is not None or view.cached_graph:
+            view.clear_cached_op()
+        block.__dict__.pop(_GENERATION_ATTR, None)
+    STATE.amp_graph_blocks.clear()
+
+
+def dropped_graph_inputs(block):
+    """The input variables of the graph :func:`drop_amp_graphs` took from ``block``, or None
+    (the block has built a graph since, or never lost one).
+
+    >>> dropped_graph_inputs(mx.gluon.nn.Dense(2)) is None
+    True
+    """
+    if mxp.BlockView(block).cached_graph:
+        return None
+    return block.__dict__.get(_DROPPED_INPUTS_ATTR)
+
+
+def graph_input_shapes(args):
+    """{'data': shape} or {'data0': ..., 'data1': ...}: Gluon's names for a block's array inputs.
+
+    >>> graph_input_shapes((mx.nd.ones((2, 3)),))
+    {'data': (2, 3)}
+    """
+    flat = []
+
+    def walk(value):
+        if isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+        elif value is not None:
+            flat.append(value)
+    walk(args)
+    shapes = [getattr(a, "shape", None) for a in flat]
+    if len(shapes) == 1:
+        return {"data": shapes[0]} if shapes[0] else {}
+    return {"data%d" % i: s for i, s in enumerate(shapes) if s}

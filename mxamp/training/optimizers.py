@@ -1,0 +1,142 @@
+"""float32 master weights for bfloat16 parameters.
+
+MXNet's optimizers keep a float32 master copy only for float16 weights
+(``multi_precision=True``: ``mp_sgd_update``, ``multi_mp_sgd_mom_update``,
+``mp_nag_mom_update``, ``mp_lamb_update_phase1/2``, ...), and every update kernel rejects
+bfloat16 weights ("Unknown type enum 12"). For bfloat16 weights mxamp therefore always keeps
+a float32 master copy, whatever ``multi_precision`` says (there is no working alternative):
+
+1. the bfloat16 gradient is cast to float32;
+2. the optimizer's own float32 update runs on the master copy (aggregated
+   ``multi_sgd_mom_update`` / ``multi_lamb_update`` etc. where MXNet aggregates);
+3. the master copy is cast once into the bfloat16 weight.
+
+float16 weights are left to MXNet (pass ``multi_precision=True`` to the optimizer).
+
+The master copy and the optimizer state live in the updater's ``states`` as
+``(MASTER_TAG, master_fp32, inner_state)``, so ``trainer.save_states`` checkpoints them.
+
+>>> import mxnet as mx
+>>> from mxamp import dtypes
+>>> p = mx.gluon.Parameter('w', shape=(2,), dtype=dtypes.BFLOAT16, init='zeros')
+>>> p.initialize()
+>>> t = mx.gluon.Trainer([p], 'sgd', {'learning_rate': 0.1}, kvstore=None)
+>>> install_master_weights(t)
+True
+"""
+import mxnet as mx
+from mxnet.optimizer import Updater
+
+from mxamp import dtypes
+from mxamp.runtime.casting import cast, cast_into
+from mxamp.backend.mxnet_private import TrainerView, set_optimizer_device
+
+#: First element of a bfloat16 parameter's updater state (marks mxamp's layout).
+MASTER_TAG = "mxamp-fp32-master"
+
+
+def _is_bf16(array):
+    return dtypes.name_of(array.dtype) == "bfloat16"
+
+
+def _is_master_state(state):
+    # state[0] may be an NDArray, whose == does not compare with a str.
+    return isinstance(state, tuple) and len(state) == 3 and isinstance(state[0], str) \
+        and state[0] == MASTER_TAG
+
+
+class MasterWeightUpdater(Updater):
+    """An ``Updater`` that runs bfloat16 weights' updates on float32 master copies.
+
+    Other weights go through MXNet's own ``Updater`` unchanged.
+
+    >>> import mxnet as mx
+    >>> up = MasterWeightUpdater(mx.optimizer.SGD(learning_rate=1.0))
+    >>> w = mx.nd.amp_cast(mx.nd.array([1.0]), dtype=dtypes.BFLOAT16)
+    >>> g = mx.nd.amp_cast(mx.nd.array([0.5]), dtype=dtypes.BFLOAT16)
+    >>> up(0, g, w); float(master_weight(up, 0).asscalar())
+    0.5
+    """
+
+    def __call__(self, index, grad, weight):
+        many = isinstance(index, (list, tuple))
+        entries = list(zip(index, grad, weight)) if many else [(index, grad, weight)]
+        low = [e for e in entries if _is_bf16(e[2])]
+        rest = [e for e in entries if not _is_bf16(e[2])]
+        if rest:
+            indices, grads, weights = (list(x) for x in zip(*rest))
+            super().__call__(indices, grads, weights)
+        if low:
+            self._update_bf16(low)
+
+    def _master_state(self, index, weight):
+        state = self.states.get(index)
+        if not _is_master_state(state):
+            master = cast(weight, "float32")
+            state = (MASTER_TAG, master, self.optimizer.create_state(index, master))
+            self.states_synced[index] = True
+        elif not self.states_synced.get(index, False):
+            state = self.sync_state_context(state, weight.context)
+            self.states_synced[index] = True
+        self.states[index] = state
+        return state
+
+    def _update_bf16(self, entries):
+        device = entries[0][2].context.device_id
+        set_optimizer_device(self.optimizer, device)
+        indices, masters, grads32, inner = [], [], [], []
+        for index, grad, weight in entries:
+            _, master, state = self._master_state(index, weight)
+            indices.append(index)
+            masters.append(master)
+            grads32.append(cast(grad, "float32"))
+            inner.append(state)
+        step = self.optimizer.aggregate_num if self.aggregate_updates else 1
+        step = max(step, 1)
+        for start in range(0, len(indices), step):
+            chunk = slice(start, start + step)
+            if step == 1:
+                self.optimizer.update(indices[start], masters[start], grads32[start],
+                                      inner[start])
+            else:
+                self.optimizer.update(indices[chunk], masters[chunk], grads32[chunk],
+                                      inner[chunk])
+        for (_, _, weight), master in zip(entries, masters):
+            cast_into(master, weight)
+
+
+def master_weight(updater, index):
+    """The float32 master copy an updater keeps for bfloat16 parameter ``index`` (or None).
+
+    >>> master_weight(MasterWeightUpdater(mx.optimizer.SGD()), 0) is None
+    True
+    """
+    state = updater.states.get(index)
+    if _is_master_state(state):
+        return state[1]
+    return None
+
+
+def install_master_weights(trainer):
+    """Give ``trainer`` float32 master weights for its bfloat16 parameters.
+
+    Replaces the trainer's per-context updaters by :class:`MasterWeightUpdater` (keeping any
+    states they hold). Returns True when the trainer has bfloat16 parameters. Called by
+    ``amp.init_trainer``; calling it twice is harmless.
+
+    >>> p = mx.gluon.Parameter('w', shape=(2,)); p.initialize()
+    >>> install_master_weights(mx.gluon.Trainer([p], 'sgd', kvstore=None))
+    False
+    """
+    view = TrainerView(trainer)
+    if not any(_is_bf16(p) for p in view.params):
+        return False
+    replaced = []
+    for updater in view.updaters:
+        if not isinstance(updater, MasterWeightUpdater):
+            fresh = MasterWeightUpdater(updater.optimizer)
+            fresh.states, fresh.states_synced = updater.states, updater.states_synced
+            updater = fresh
+        replaced.append(updater)
+    view.updaters = replaced
+    return True

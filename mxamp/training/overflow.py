@@ -1,0 +1,224 @@
+"""Finite checks and norms over a list of gradients, in one pass and one host synchronisation.
+
+The reference checks gradients with ``multi_all_finite``, whose CPU kernel is slow enough to
+cost ~270 ms on ResNet-50's 25.6 M gradient values. Here every array is read once:
+
+* large float32 arrays on a CPU, seen as (rows, columns): one FullyConnected against a zero
+  vector each. It reads every value once at GEMV speed (2.8x faster than ``all_finite``, which
+  runs well below memory bandwidth on CPUs) and gives a column of zeros, with a NaN in every
+  row that holds an Inf or a NaN (IEEE: inf * 0 = nan, and NaN propagates through the sums);
+  those columns join the small arrays' ``multi_sum_sq`` below;
+* other large arrays (GPU, float64, 1-D): one ``all_finite`` each;
+* small ones: a single ``multi_sum_sq`` per (context, dtype) group, so that a network's
+  hundreds of biases and norm parameters cost one op instead of hundreds (NaN/Inf propagate
+  into a sum of squares);
+* float16/bfloat16 arrays are first cast to float32: MXNet's float16 reductions convert
+  element by element in software (``all_finite`` on float16 is ~7x slower than cast +
+  float32 check on this CPU), ``multi_sum_sq`` accumulates float16 in float16 (any value
+  above 256 would look like an overflow), and ``all_finite``/``multi_sum_sq`` reject bf16.
+
+All per-array results are gathered into one small float32 vector and copied to the host once.
+Which array takes which path costs ~20 us of Python per array to work out;
+:class:`FiniteChecker` remembers it for a caller (the trainer's scaler) that checks the same
+arrays every step.
+A sum of squares can overflow although every value is finite (a float32 value above ~1.8e19
+squared): such an array is re-checked exactly with ``all_finite``, which costs a second
+synchronisation only on the steps where it happens.
+
+>>> import mxnet as mx
+>>> check_finite([mx.nd.ones((3,)), mx.nd.array([1, float('inf')])]).bad_indices
+[1]
+"""
+import collections
+import math
+import types
+
+import mxnet as mx
+import numpy as np
+
+from mxamp import dtypes
+from mxamp.runtime.casting import cast
+
+# The operator functions as MXNet ships them, captured when mxamp is imported (before
+# amp.init can wrap them): the checks must see the gradients exactly as they are.
+_ND = types.SimpleNamespace(amp_cast=mx.nd.amp_cast, all_finite=mx.nd.all_finite,
+                            multi_sum_sq=mx.nd.multi_sum_sq, concat=mx.nd.concat,
+                            fully_connected=mx.nd.FullyConnected, zeros=mx.nd.zeros)
+# Widest row a zero-vector probe takes; wider arrays keep all_finite (bounds the zero buffer).
+_MAX_PROBE_COLUMNS = 1 << 20
+# Keep each multi_sum_sq call well below any limit on the number of inputs of one op.
+_MAX_ARRAYS_PER_CALL = 512
+# Arrays at least this large get their own all_finite (fast kernel); smaller ones share one
+# multi_sum_sq (fewer ops). Chosen with benchmark/bench_overflow.py.
+LARGE_ARRAY = 1 << 16
+
+FiniteReport = collections.namedtuple("FiniteReport", ["has_nonfinite", "bad_indices",
+                                                       "sum_squares"])
+FiniteReport.__doc__ = """Result of :func:`check_finite`.
+
+has_nonfinite: True when any array holds an Inf or a NaN.
+bad_indices: positions (in the input list) of the arrays that hold one.
+sum_squares: per-array sums of squares as float64 (None for arrays checked by flag only).
+"""
+
+
+def _dense(array):
+    """A classic dense NDArray view: np arrays are re-wrapped, sparse ones give their values."""
+    if isinstance(array, mx.numpy.ndarray):
+        array = array.as_nd_ndarray()
+    # Row-sparse / CSR gradients: their stored values are what can be non-finite.
+    return array.data if array.stype != "default" else array
+
+
+class _Plan:
+    """How to check one list of arrays, worked out once per list.
+
+    Reading an array's dtype, size and context from Python costs ~20 us each, more than
+    checking a small array, and a trainer passes the same gradient arrays every step.
+    """
+
+    def __init__(self, arrays, squares_for_all):
+        self.arrays = list(arrays)    # to recognise the same list next time
+        self.threshold = LARGE_ARRAY
+        self.needs_cast = []
+        self.flagged = []            # positions checked by their own all_finite
+        self.summed = []             # lists of positions sharing one multi_sum_sq
+        self.probed = {}             # position -> columns: a zero-vector probe feeds the sums
+        self.zeros = {}              # context -> the zero vector probes read (widest row)
+        groups = collections.defaultdict(list)
+        for i, array in enumerate(arrays):
+            dense = _dense(array)
+            needs_cast = dtypes.name_of(dense.dtype) not in ("float32", "float64")
+            self.needs_cast.append(needs_cast)
+            dtype = "float32" if needs_cast else dtypes.name_of(dense.dtype)
+            columns = dense.size // dense.shape[0] if dense.ndim >= 2 and dense.size else 0
+            if squares_for_all or dense.size < LARGE_ARRAY:
+                groups[(dense.context, dtype)].append(i)
+            elif (dtype == "float32" and dtypes.is_cpu(dense.context)
+                  and 0 < columns <= _MAX_PROBE_COLUMNS):
+                self.probed[i] = columns
+                groups[(dense.context, dtype)].append(i)
+                self.zeros[dense.context] = max(self.zeros.get(dense.context, 0), columns)
+            else:
+                self.flagged.append(i)
+        self.zeros = {ctx: _ND.zeros((n,), ctx=ctx) for ctx, n in self.zeros.items()}
+        for members in groups.values():
+            for start in range(0, len(members), _MAX_ARRAYS_PER_CALL):
+                self.summed.append(members[start:start + _MAX_ARRAYS_PER_CALL])
+        self.kinds = {i: "flag" for i in self.flagged}
+        self.kinds.update({i: "probe" if i in self.probed else "sum_sq"
+                           for chunk in self.summed for i in chunk})
+        self.order = self.flagged + [i for chunk in self.summed for i in chunk]
+
+    def matches(self, arrays):
+        """True when ``arrays`` are the very objects this plan was made for."""
+        return (self.threshold == LARGE_ARRAY and len(arrays) == len(self.arrays)
+                and all(a is b for a, b in zip(arrays, self.arrays)))
+
+    def launch(self, arrays):
+        """Queue the checks; return the per-array result vectors in :attr:`order`."""
+        ready = [_dense(a) for a in arrays]
+        ready = [cast(a, "float32") if needs else a for a, needs in zip(ready, self.needs_cast)]
+        for i, columns in self.probed.items():
+            zero = self.zeros[ready[i].context][:columns].reshape((1, columns))  # a view
+            ready[i] = _ND.fully_connected(ready[i].reshape((-1, columns)), zero,
+                                           no_bias=True, num_hidden=1)
+        vectors = [_ND.all_finite(ready[i]) for i in self.flagged]
+        vectors += [_ND.multi_sum_sq(*[ready[i] for i in chunk], num_arrays=len(chunk))
+                    for chunk in self.summed]
+        return vectors
+
+
+def _gather_to_host(vectors):
+    """One copy to the host for all per-array results, whatever their contexts."""
+    home = vectors[0].context
+    vectors = [v if v.context == home else v.as_in_context(home) for v in vectors]
+    joined = vectors[0] if len(vectors) == 1 else _ND.concat(*vectors, dim=0)
+    return joined.asnumpy().astype(np.float64)
+
+
+def _exactly_finite(array):
+    dense = _dense(array)
+    if dtypes.name_of(dense.dtype) != "float64":
+        dense = cast(dense, "float32")
+    return bool(_ND.all_finite(dense).asscalar())
+
+
+def _run(plan, arrays):
+    """Execute a plan: one host copy, then the exact re-check of overflowed squares."""
+    with mx.autograd.pause():
+        flat = _gather_to_host(plan.launch(arrays))
+    values = [0.0] * len(arrays)
+    for offset, position in enumerate(plan.order):
+        values[position] = float(flat[offset])
+    bad = []
+    for i, value in enumerate(values):
+        if plan.kinds[i] == "flag":
+            if value == 0.0:
+                bad.append(i)
+        elif math.isnan(value):
+            bad.append(i)
+        elif plan.kinds[i] == "probe":
+            continue   # a probe's sum is 0 unless NaN: its squares say nothing of the array
+        elif math.isinf(value) and not _exactly_finite(arrays[i]):
+            bad.append(i)   # rare: re-checked exactly because a square may have overflowed
+    squares = [v if plan.kinds[i] == "sum_sq" else None for i, v in enumerate(values)]
+    return FiniteReport(bool(bad), bad, squares)
+
+
+class FiniteChecker:
+    """:func:`check_finite` for a caller that checks the same arrays every step.
+
+    It remembers the plan of the last list it saw (holding references to those arrays, so
+    keep the checker where the arrays live, e.g. on the trainer's scaler).
+
+    >>> import mxnet as mx
+    >>> grads = [mx.nd.ones((2,)), mx.nd.zeros((3,))]
+    >>> checker = FiniteChecker()
+    >>> checker.check(grads).has_nonfinite, checker.check(grads, squares_for_all=True).sum_squares
+    (False, [2.0, 0.0])
+    """
+
+    def __init__(self):
+        self._plans = {}
+
+    def check(self, arrays, squares_for_all=False):
+        """Same as :func:`check_finite`."""
+        if not arrays:
+            return FiniteReport(False, [], [])
+        plan = self._plans.get(squares_for_all)
+        if plan is None or not plan.matches(arrays):
+            plan = self._plans[squares_for_all] = _Plan(arrays, squares_for_all)
+        return _run(plan, arrays)
+
+
+def check_finite(arrays, squares_for_all=False):
+    """Check a list of NDArrays for Inf/NaN with one pass and one host sync.
+
+    ``squares_for_all=True`` also returns every array's sum of squares (as float32 sums),
+    which :func:`global_norm` uses; otherwise large arrays only get a finite flag.
+
+    >>> import mxnet as mx
+    >>> check_finite([mx.nd.array([3e19])]).has_nonfinite   # square overflows, value is finite
+    False
+    """
+    if not arrays:
+        return FiniteReport(False, [], [])
+    return _run(_Plan(arrays, squares_for_all), arrays)
+
+
+def global_norm(arrays):
+    """Return ``(l2_norm, has_nonfinite)`` of a list of NDArrays from one pass.
+
+    The norm is accumulated in float64 on the host from per-array float32 sums of squares;
+    it is ``inf`` or ``nan`` when an array is not finite, and ``inf`` when the squares
+    overflow float32 although every value is finite.
+
+    >>> import mxnet as mx
+    >>> global_norm([mx.nd.array([3.0]), mx.nd.array([4.0])])
+    (5.0, False)
+    """
+    report = check_finite(arrays, squares_for_all=True)
+    if report.has_nonfinite:
+        return float("nan"), True
+    return math.sqrt(sum(report.sum_squares)) if arrays else 0.0, False
