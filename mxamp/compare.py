@@ -30,6 +30,7 @@ import mxnet as mx
 import numpy as np
 
 from mxamp import dtypes
+from mxamp.errors import as_input_tuple
 from mxamp.conversion.convert import convert_hybrid_block
 from mxamp.conversion.graph import trace_graph
 from mxamp.backend.mxnet_private import BlockView, NumpySymbol
@@ -147,7 +148,7 @@ def accuracy_report(block, inputs, target_dtype="bfloat16", **convert_options):
     >>> accuracy_report(net, mx.nd.ones((4, 5))).samples
     4
     """
-    inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+    inputs = as_input_tuple(inputs)
     in_syms, fp32_sym = trace_graph(block, inputs)
     converted = convert_hybrid_block(block, target_dtype, ctx=mx.cpu(), example_inputs=inputs,
                                      **convert_options)

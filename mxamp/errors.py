@@ -47,8 +47,8 @@ def check_name_list(value, what):
 
 
 def check_condition_list(value):
-    """``value`` (``conditional_fp32_ops``) as a list of entries, or None; anything but a list or
-    tuple is an :class:`AmpArgumentError` (the entries' shape is the op lists' to check).
+    """``value`` (``conditional_fp32_ops``) as a list of ``(op name, parameter name, [values])``
+    entries, or None; anything else, or an op named twice, is an :class:`AmpArgumentError`.
 
     >>> check_condition_list([('Activation', 'act_type', ['softrelu'])])
     [('Activation', 'act_type', ['softrelu'])]
@@ -62,4 +62,39 @@ def check_condition_list(value):
     if not isinstance(value, (list, tuple)):
         raise AmpArgumentError("conditional_fp32_ops must be a list of (op name, parameter name, "
                                "[values]) tuples, got %s" % type(value).__name__)
+    seen = set()
+    for entry in value:
+        ok = (isinstance(entry, (list, tuple)) and len(entry) == 3 and isinstance(entry[0], str)
+              and isinstance(entry[1], str) and isinstance(entry[2], (list, tuple)))
+        if not ok:
+            raise AmpArgumentError("conditional_fp32_ops entries must be (op name, parameter "
+                                   "name, [parameter values]), got %r" % (entry,))
+        if entry[0] in seen:
+            raise AmpArgumentError("conditional_fp32_ops names %r twice" % entry[0])
+        seen.add(entry[0])
     return list(value)
+
+
+def as_input_tuple(value, what=None, empty_ok=True):
+    """``value``, one model input or a list/tuple of them (one per forward argument), as a tuple.
+
+    With ``what``, the message of the :class:`AmpArgumentError` it raises, every item must be
+    an NDArray (and, with ``empty_ok=False``, there must be one); without it the items are
+    not checked (Symbols pass, for callers that trace or whose input was vetted already).
+
+    >>> import mxnet as mx
+    >>> len(as_input_tuple(mx.nd.ones((2, 3)))), as_input_tuple([1, 2])
+    (1, (1, 2))
+    >>> as_input_tuple([mx.nd.ones(1), 'x'], 'example_inputs must be an NDArray or a list/tuple '
+    ...                'of NDArrays')
+    Traceback (most recent call last):
+    ...
+    mxamp.errors.AmpArgumentError: example_inputs must be an NDArray or a list/tuple of NDArrays
+    """
+    inputs = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    if what is not None:
+        # imported here: mxamp.launch reads this module where MXNet is not importable
+        import mxnet as mx
+        if (not inputs and not empty_ok) or not all(isinstance(x, mx.nd.NDArray) for x in inputs):
+            raise AmpArgumentError(what)
+    return inputs

@@ -38,7 +38,7 @@ from mxamp.precision.device_plan import target_for
 from mxamp import dtypes
 from mxamp.patching import patcher as patching
 from mxamp.precision import plan
-from mxamp.errors import AmpArgumentError
+from mxamp.errors import AmpArgumentError, as_input_tuple
 from mxamp.lists.conditions import Condition
 from mxamp.backend.mxnet_private import ParamView
 from mxamp.precision.policy import FLOAT32, Policy, format_table
@@ -61,7 +61,7 @@ _BN_OPS = ("BatchNorm", "_npx_batch_norm", "_contrib_BatchNormWithReLU")
 
 def _graph_ops(net, example, train=True):
     """([(attrs, data shape or None)] of the convolutions, {op names}) of the graph."""
-    args = example if isinstance(example, (list, tuple)) else (example,)
+    args = as_input_tuple(example)
     inputs = [mx.sym.var("data%d" % i if len(args) > 1 else "data") for i in range(len(args))]
     mode = mx.autograd.train_mode() if train else mx.autograd.predict_mode()
     with patching.disabled(), mode:   # the graph of the pass that is timed
@@ -133,6 +133,7 @@ class _Snapshot:
             self.saved.append((view, data, grad))
 
     def restore(self):
+        """Copy the saved values back into the model's own arrays."""
         for view, data, grad in self.saved:
             for dst, src in zip(view.data, data):
                 src.copyto(dst)
@@ -143,7 +144,7 @@ class _Snapshot:
 
 
 def _step_fn(net, example, loss_fn, train):
-    args = example if isinstance(example, (list, tuple)) else (example,)
+    args = as_input_tuple(example)
 
     def step():
         if not train:
@@ -231,7 +232,6 @@ def _top_ops(dump, steps, count=5):
     return [[name, round(stats["Total"] / max(steps, 1), 2)] for name, stats in ranked]
 
 
-
 def tune(net, example_batch, loss_fn=None, trainer=None, target_dtype="auto", train=True,
          steps=2, candidates_=None, apply=True, profile=True, report=sys.stdout):
     """Time ``net`` under candidate policies and return (and apply) the fastest :class:`Policy`
@@ -252,33 +252,65 @@ def tune(net, example_batch, loss_fn=None, trainer=None, target_dtype="auto", tr
     The table (policy, ms per step, ratio to float32, the 5 costliest ops) goes to ``report``
     (None: silent) and to ``policy.table``.
     """
-    if not isinstance(net, mx.gluon.Block):
-        raise AmpArgumentError("tune needs a gluon Block, got %s" % type(net).__name__)
-    batch = example_batch if isinstance(example_batch, (list, tuple)) else (example_batch,)
-    if not batch or not all(isinstance(b, mx.nd.NDArray) for b in batch):
-        raise AmpArgumentError("example_batch must be an NDArray or a tuple of NDArrays")
-    if steps < 1:
-        raise AmpArgumentError("steps must be at least 1, got %r" % (steps,))
+    batch = _checked_batch(net, example_batch, steps)
     device = device_of(batch[0].context)
     # what the target itself computes here ('auto' is what is being decided, by timing)
     target = target_for(target_dtype, device)
     here = plan.make(target, [device]).primary
-    policies = candidates_ or candidates(net, example_batch, target, train)
+    policies = _policies_to_time(net, batch, target, here, train, candidates_)
+    _finish_deferred_init(net, batch)
+    rows, policies = _time_policies(net, batch, policies, loss_fn, train, steps, profile, target,
+                                    prune=candidates_ is None)
+    best, why = _choose(rows, here, target)
+    chosen = policies[best]
+    chosen.table, chosen.device, chosen.why = rows, device, why
+    if report is not None:
+        _write_report(report, rows, device, here, target, best)
+    if apply and chosen.target != FLOAT32:
+        patching.init(policy=chosen)
+    return chosen
+
+
+def _checked_batch(net, example_batch, steps):
+    """``example_batch`` as a tuple of NDArrays; a bad ``net``, batch or ``steps`` raises."""
+    if not isinstance(net, mx.gluon.Block):
+        raise AmpArgumentError("tune needs a gluon Block, got %s" % type(net).__name__)
+    batch = as_input_tuple(example_batch, "example_batch must be an NDArray or a tuple of NDArrays",
+                           empty_ok=False)
+    if steps < 1:
+        raise AmpArgumentError("steps must be at least 1, got %r" % (steps,))
+    return batch
+
+
+def _policies_to_time(net, batch, target, here, train, candidates_):
+    """The user's candidates, or the model's (float32 alone where nothing computes in the
+    target on this device)."""
+    policies = candidates_ or candidates(net, batch, target, train)
     if not here.low_precision and candidates_ is None:
         # nothing can compute in the target here: every candidate is the same float32
         # computation, so only float32 is timed (for the table and its costliest ops)
         policies = policies[:1]
+    return policies
+
+
+def _finish_deferred_init(net, batch):
+    """Give deferred parameters their shapes, so that the snapshot holds every parameter and
+    BatchNorm statistic that the timing changes."""
     if any(ParamView(p).data is None for p in net.collect_params().values()):
-        # deferred shapes: one inference pass initialises them (it changes no statistic), so
-        # that the snapshot holds every parameter and BatchNorm statistic the timing changes
+        # an inference pass initialises them and changes no statistic
         with patching.disabled(), mx.autograd.predict_mode():
             net(*batch)
+
+
+def _time_policies(net, batch, policies, loss_fn, train, steps, profile, target, prune):
+    """(table rows, policies timed): each policy timed in turn (with ``prune``, variants that
+    cannot win are skipped), then AMP reset and the model's numbers restored."""
     snapshot = _Snapshot(net)
-    step = _step_fn(net, example_batch, loss_fn, train)
+    step = _step_fn(net, batch, loss_fn, train)
     rows, timed = [], []
     try:
         for policy in policies:
-            if candidates_ is None and not _worth_timing(policy, rows, target):
+            if prune and not _worth_timing(policy, rows, target):
                 continue
             fastest = min((r["ms"] for r in rows), default=math.inf)
             ms, top = _time_policy(policy, step, steps, profile,
@@ -288,7 +320,12 @@ def tune(net, example_batch, loss_fn=None, trainer=None, target_dtype="auto", tr
     finally:
         patching.reset()
         snapshot.restore()
-    policies = timed
+    return rows, timed
+
+
+def _choose(rows, here, target):
+    """(index of the chosen row, why): each row gets its speed ratio to float32 (the first row)
+    and the chosen one is marked; float32 unless a policy beats it by ``MIN_GAIN``."""
     base = rows[0]["ms"]
     for row in rows:
         row["ratio"] = round(base / row["ms"], 3) if row["ms"] else 0.0
@@ -304,17 +341,16 @@ def tune(net, example_batch, loss_fn=None, trainer=None, target_dtype="auto", tr
         why = "%.2fx float32's speed for this model, the fastest of %d policies timed" % (
             rows[best]["ratio"], len(rows))
     rows[best]["chosen"] = True
-    chosen = policies[best]
-    chosen.table, chosen.device, chosen.why = rows, device, why
-    if report is not None:
-        why = "" if here.low_precision else " (%s)" % here.reason
-        report.write("mxamp tune on %s%s:\n%s\n" % (
-            "a GPU" if device == GPU else "a CPU of class %r" % device, why,
-            format_table(rows)))
-        if not here.low_precision:
-            report.write("  nothing computes in %s here: keeping float32 compute\n" % target)
-        elif best == 0:
-            report.write("  nothing was faster than float32 here: keeping float32 compute\n")
-    if apply and chosen.target != FLOAT32:
-        patching.init(policy=chosen)
-    return chosen
+    return best, why
+
+
+def _write_report(report, rows, device, here, target, best):
+    """Write the table of timed policies to ``report``, and why float32 stays where it does."""
+    why = "" if here.low_precision else " (%s)" % here.reason
+    report.write("mxamp tune on %s%s:\n%s\n" % (
+        "a GPU" if device == GPU else "a CPU of class %r" % device, why,
+        format_table(rows)))
+    if not here.low_precision:
+        report.write("  nothing computes in %s here: keeping float32 compute\n" % target)
+    elif best == 0:
+        report.write("  nothing was faster than float32 here: keeping float32 compute\n")

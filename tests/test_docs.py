@@ -43,6 +43,34 @@ def test_the_table_ranks_agree_with_the_rank_test():
                 path, rank, test_layers.RANKS[test_layers.unit_of(module)])
 
 
+def test_readme_has_one_table_of_the_environment_variables_mxamp_reads():
+    from mxamp.backend import env
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    section = readme.split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    table = re.findall(r"^\| `([A-Z_]+)` \|", section, re.M)
+    assert sorted(table) == sorted(env.VARIABLES), (
+        "README's table %s != mxamp.backend.env.VARIABLES %s" % (sorted(table),
+                                                                   sorted(env.VARIABLES)))
+    assert readme.count("## Environment variables") == 1, "one table of them"
+
+
+def test_the_package_reads_the_environment_only_through_its_reader():
+    """Reads only: setting a variable for oneDNN or a child process is not reading one."""
+    offenders = []
+    for folder, _, files in os.walk(os.path.join(ROOT, "mxamp")):
+        for name in files:
+            path = os.path.join(folder, name)
+            if not name.endswith(".py") or path.endswith(os.path.join("backend", "env.py")):
+                continue
+            for number, line in enumerate(open(path), 1):
+                if re.search(r"os\.environ(\.get|\[[^]]+\](?!\s*=))|os\.getenv", line) \
+                        and ">>>" not in line and not line.strip().startswith("del "):
+                    offenders.append("%s:%d: %s" % (os.path.relpath(path, ROOT), number,
+                                                    line.strip()))
+    assert not offenders, "read environment variables with mxamp.backend.env:\n" + \
+        "\n".join(offenders)
+
+
 def test_readme_says_what_ci_runs():
     ci = open(os.path.join(ROOT, ".ci", "run")).read()
     readme = open(os.path.join(ROOT, "README.md")).read()

@@ -12,7 +12,7 @@ import functools
 import mxnet as mx
 
 from mxamp.backend import mxnet_private as mxp
-from mxamp.backend.cpu import BF16_CLASSES, cpu_features
+from mxamp.backend.cpu import BF16_CLASSES, cpu_features  # noqa: F401 (BF16_CLASSES: doctests)
 from mxamp.dtypes import is_cpu
 
 #: The device name of CUDA GPUs (CPUs are named by their bfloat16 class).

@@ -24,7 +24,7 @@ import sys
 import types
 from dataclasses import dataclass
 
-import mxnet as mx
+import mxnet as mx  # noqa: F401 (the doctests use it)
 
 from mxamp.backend import mxnet_private as mxp
 from mxamp.errors import AmpArgumentError

@@ -48,7 +48,7 @@ from mxamp import dtypes
 from mxamp.precision import plan
 from mxamp.runtime.casting import cast
 from mxamp.runtime.hooks import fix_astype, recorded_input_shapes
-from mxamp.errors import AmpArgumentError, check_name_list
+from mxamp.errors import AmpArgumentError, as_input_tuple, check_name_list
 from mxamp.conversion.graph import ConvertedBlock, block_context, trace_graph
 from mxamp.backend.mxnet_private import BucketingView, NumpySymbol, ParamView
 from mxamp.backend.graphs import CAST_OPS, graph_nodes, op_names, param_dtypes
@@ -236,9 +236,7 @@ def _example_shapes(inputs, example_inputs):
     """{input name: shape} of the example inputs, when given."""
     if example_inputs is None:
         return {}
-    if not isinstance(example_inputs, (list, tuple)):
-        example_inputs = (example_inputs,)
-    return {i.name: x.shape for i, x in zip(inputs, example_inputs)}
+    return {i.name: x.shape for i, x in zip(inputs, as_input_tuple(example_inputs))}
 
 
 def _say_if_shapes_are_unknown(shapes, amp_plan):

@@ -12,7 +12,7 @@ import logging
 import mxnet as mx
 from mxnet.gluon import SymbolBlock
 
-from mxamp.errors import AmpArgumentError
+from mxamp.errors import as_input_tuple
 from mxamp.backend.mxnet_private import BlockView, ParamView
 from mxamp.runtime.hooks import dropped_graph_inputs, graph_is_stale
 
@@ -63,11 +63,8 @@ def trace_graph(block, example_inputs=None):
     """
     view = BlockView(block)
     if example_inputs is not None:
-        if not isinstance(example_inputs, (list, tuple)):
-            example_inputs = (example_inputs,)
-        if not all(isinstance(x, mx.nd.NDArray) for x in example_inputs):
-            raise AmpArgumentError("example_inputs must be an NDArray or a list/tuple of "
-                                   "NDArrays")
+        example_inputs = as_input_tuple(
+            example_inputs, "example_inputs must be an NDArray or a list/tuple of NDArrays")
         with mx.autograd.pause():
             block(*example_inputs)  # completes deferred initialisation; caches the graph
         if not view.cached_graph:  # not hybridized: trace symbolically, leave no trace

@@ -52,7 +52,7 @@ from mxamp import dtypes
 from mxamp.precision import plan
 from mxamp.runtime.casting import cast
 from mxamp.runtime.hooks import building_input_shapes, fix_astype, hook_block_graphs
-from mxamp.errors import AmpArgumentError
+from mxamp.errors import AmpArgumentError, as_input_tuple
 from mxamp.lists.float16 import NO_CPU_KERNEL, NO_CPU_KERNEL_WHY
 from mxamp.backend.graphs import symbol_data_shape
 from mxamp.conversion.graph import block_context
@@ -232,10 +232,8 @@ def _finish_init(block, example_inputs):
             "forward pass): call block.initialize() and run block(x) once, or pass "
             "example_inputs=<a batch> to cast_model" % ", ".join(pending[:3]))
     if pending:
-        if not isinstance(example_inputs, (list, tuple)):
-            example_inputs = (example_inputs,)
         with mx.autograd.pause():
-            block(*example_inputs)
+            block(*as_input_tuple(example_inputs))
 
 
 def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float32",
@@ -268,6 +266,29 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
     >>> cast_model(net, 'bfloat16').weight.dtype == dtypes.BFLOAT16
     True
     """
+    requested, output_dtype, exclude = _checked_arguments(block, target_dtype, output_dtype,
+                                                          exclude)
+    excluded = _excluded_blocks(block, exclude)
+    _finish_init(block, example_inputs)
+    amp_plan = plan.make(requested, [device_of(block_context(block))])
+    target, here = amp_plan.target, amp_plan.primary
+    if requested == dtypes.AUTO and not here.low_precision:
+        LOG.info("mxamp: cast_model: %s; the model stays float32", amp_plan.describe())
+        return block
+    low, islands = _plan(block, target, excluded)
+    _check_device(block, target, low)
+    amp_plan.announce(stacklevel=4)  # from here: stacklevel counts frames up to the user's call
+    compute = target if here.low_precision else "float32"
+    opaque = _cast_low_precision_blocks(low, target, compute, here.fp32_when)
+    _install_casts(block, islands, compute, output_dtype)
+    block._mxamp_o2_target = target
+    _warn_without_amp_init(target, compute, opaque)
+    return block
+
+
+def _checked_arguments(block, target_dtype, output_dtype, exclude):
+    """(requested dtype, output dtype name or None, exclude rules) of cast_model's arguments;
+    a bad one, or a model cast already, raises."""
     if not isinstance(block, Block):
         raise AmpArgumentError("cast_model needs a gluon Block, got %s" % type(block).__name__)
     requested = dtypes.normalize_request(target_dtype)
@@ -277,22 +298,24 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
     if getattr(block, "_mxamp_o2_target", None):
         raise RuntimeError("this model was already cast to %s by cast_model; build a fresh model "
                            "to cast it again" % block._mxamp_o2_target)
+    return requested, output_dtype, exclude
+
+
+def _excluded_blocks(block, exclude):
+    """The blocks of the model that ``exclude`` matches; a rule matching none is a mistake."""
     blocks = _all_blocks(block)
     unmatched = [r for r in exclude if not any(_matches(b, r) for b in blocks)]
     if unmatched:
         raise AmpArgumentError(
             "exclude entries match no layer of the model: %s (layer names: %s)"
             % (", ".join(map(str, unmatched)), ", ".join(b.name for b in blocks[:6])))
-    _finish_init(block, example_inputs)
-    amp_plan = plan.make(requested, [device_of(block_context(block))])
-    target, here = amp_plan.target, amp_plan.primary
-    if requested == dtypes.AUTO and not here.low_precision:
-        LOG.info("mxamp: cast_model: %s; the model stays float32", amp_plan.describe())
-        return block
-    low, islands = _plan(block, target, [b for b in blocks if any(_matches(b, r) for r in exclude)])
-    _check_device(block, target, low)
-    amp_plan.announce(stacklevel=4)
-    compute = target if here.low_precision else "float32"
+    return [b for b in blocks if any(_matches(b, r) for r in exclude)]
+
+
+def _cast_low_precision_blocks(low, target, compute, fp32_when):
+    """Cast the float parameters of the ``low`` blocks to ``target`` and wrap the blocks that
+    must compute in float32 (all of them with ``compute`` float32, else where a shape rule of
+    ``fp32_when`` holds); return the names of those that cannot be wrapped (not hybrid)."""
     opaque = []
     for lp_block in low:
         float_params = [p for p in BlockView(lp_block).own_params.values()
@@ -301,9 +324,15 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
             _cast_parameter(param, target)
         if float_params and compute == "float32" and not _fp32_compute(lp_block):
             opaque.append(lp_block.name)
-        conditions = _layer_conditions(lp_block, here.fp32_when)
+        conditions = _layer_conditions(lp_block, fp32_when)
         if conditions and compute != "float32" and isinstance(lp_block, HybridBlock):
             _fp32_where(lp_block, conditions, compute)
+    return opaque
+
+
+def _install_casts(block, islands, compute, output_dtype):
+    """Wrap the float32 islands and the model's boundary in casts, and drop cached graphs so
+    that the next call builds them with the casts."""
     for island in islands:
         _fp32_island(island, compute)
     _model_boundary(block, compute, output_dtype)
@@ -311,7 +340,11 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
     fix_astype()  # outputs kept in bfloat16 (output_dtype=None) convert with astype
     block.apply(lambda b: BlockView(b).clear_cached_op() if isinstance(b, HybridBlock)
                 else None)
-    block._mxamp_o2_target = target
+
+
+def _warn_without_amp_init(target, compute, opaque):
+    """Operators that cast_model cannot wrap get low-precision inputs unless ``amp.init``
+    routes them to float32: say so when it was not called for this target."""
     if opaque and STATE.target != target:
         LOG.warning("mxamp: cast_model(%s): %s are not HybridBlocks, so their %s parameters "
                     "reach their operators as they are, and this CPU has no %s kernels. Call "
@@ -322,7 +355,6 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
                     "hybrid_forward calls directly (F.batch_dot, F.transpose, F.LayerNorm, ...) "
                     "now get %s inputs, and some have no %s kernel. Call amp.init(%r) as well "
                     "to route them to float32.", target, target, target, target, target)
-    return block
 
 
 def _check_device(block, target, lp_leaves):

@@ -183,28 +183,24 @@ class OpLists:
         neutral. Given ``canonical`` (alias -> canonical op name), a name stands for its
         operator: every alias of it moves with it (an alias the caller names in
         ``conditional_fp32_ops`` keeps its own entry), and two lists may not name the same
-        operator under different names. Raises :class:`~mxamp.errors.AmpArgumentError` for a
-        malformed list or an op in two lists (operator names are checked by
-        :func:`mxamp.backend.registry.check_op_names`).
+        operator under different names. The lists come checked
+        (:func:`mxamp.precision.resolve.lists_for` checks their types, entries and operator
+        names once); an op in two lists is an :class:`~mxamp.errors.AmpArgumentError`.
 
         >>> lists = get_op_lists('float16').with_overrides(fp32_ops=['flatten'],
         ...                                                canonical={'flatten': 'Flatten'})
         >>> lists.category('Flatten'), lists.category('flatten')
         ('fp32', 'fp32')
         """
-        given = {}
-        if target_precision_ops is not None:
-            given["target_precision_ops"] = _names(target_precision_ops, "target_precision_ops")
-        if fp32_ops is not None:
-            given["fp32_ops"] = _names(fp32_ops, "fp32_ops")
+        given = {what: list(names) for what, names in (("target_precision_ops", target_precision_ops),
+                                                       ("fp32_ops", fp32_ops)) if names is not None}
         conditional = None
         if conditional_fp32_ops is not None:
-            conditional = _conditional(conditional_fp32_ops)
+            conditional = {e[0]: (e[1], tuple(str(v) for v in e[2])) for e in conditional_fp32_ops}
             given["conditional_fp32_ops"] = list(conditional)
-        root = (lambda n: canonical.get(n, n)) if canonical else (lambda n: n)
-        _check_disjoint(given, root)
+        _check_disjoint(given, canonical or {})
         if canonical:
-            given, conditional = self._with_aliases(given, conditional, root)
+            given, conditional = self._with_aliases(given, conditional, canonical)
         named = {n for names in given.values() for n in names}
         low = set(self.low_precision) - named
         fp32 = set(self.fp32) - named
@@ -236,53 +232,47 @@ class OpLists:
                        conditional_base={k: v for k, v in base.items()
                                          if k in cond and v != "neutral"})
 
-    def _with_aliases(self, given, conditional, root):
+    def _with_aliases(self, given, conditional, canonical):
         """``given``'s lists and ``conditional`` extended to every name of each operator they
-        name (the names these lists and the overrides know, grouped by ``root``)."""
-        by_root = {}
-        for name in set(self.all_ops()).union(*given.values()):
-            by_root.setdefault(root(name), set()).add(name)
+        name (the names these lists and the overrides know)."""
+        same = names_by_operator(set(self.all_ops()).union(*given.values()), canonical)
         expanded = {}
         for what, names in given.items():
             out = list(dict.fromkeys(names))
-            out += sorted({a for n in names for a in by_root[root(n)]} - set(out))
+            out += sorted({a for n in names for a in same(n)} - set(out))
             expanded[what] = out
         if conditional is not None:
             conditional = dict(conditional)
             for op, rule in list(conditional.items()):
-                for alias in sorted(by_root[root(op)]):
+                for alias in sorted(same(op)):
                     conditional.setdefault(alias, rule)
         return expanded, conditional
 
 
-def _names(ops, what):
-    if isinstance(ops, str) or not all(isinstance(o, str) for o in ops):
-        raise AmpArgumentError("%s must be a list of operator names (strings), got %r"
-                               % (what, ops))
-    return list(ops)
+def names_by_operator(names, canonical=None):
+    """A function from an op name to every name among ``names`` (and itself) that runs the
+    same operator: the one alias-aware grouping, for overrides and for edits to the
+    reference's lists. ``canonical`` maps an alias to its operator's real name (the registry's
+    alias map); without it, each name stands alone.
+
+    >>> same = names_by_operator({'Flatten', 'flatten', 'relu'}, {'flatten': 'Flatten'})
+    >>> sorted(same('Flatten')), sorted(same('relu'))
+    (['Flatten', 'flatten'], ['relu'])
+    """
+    canonical = canonical or {}
+    groups = {}
+    for name in names:
+        groups.setdefault(canonical.get(name, name), set()).add(name)
+    return lambda op: groups.get(canonical.get(op, op), set()) | {op}
 
 
-def _conditional(entries):
-    out = {}
-    for entry in entries:
-        ok = (isinstance(entry, (list, tuple)) and len(entry) == 3 and isinstance(entry[0], str)
-              and isinstance(entry[1], str) and isinstance(entry[2], (list, tuple)))
-        if not ok:
-            raise AmpArgumentError("conditional_fp32_ops entries must be (op name, parameter "
-                                   "name, [parameter values]), got %r" % (entry,))
-        if entry[0] in out:
-            raise AmpArgumentError("conditional_fp32_ops names %r twice" % entry[0])
-        out[entry[0]] = (entry[1], tuple(str(v) for v in entry[2]))
-    return out
-
-
-def _check_disjoint(given, root):
-    """No operator (as ``root`` names it) in two of the ``given`` lists."""
+def _check_disjoint(given, canonical):
+    """No operator (by its real name in ``canonical``) in two of the ``given`` lists."""
     keys = list(given)
     for i, a in enumerate(keys):
         for b in keys[i + 1:]:
-            ops = {root(n) for n in given[b]}
-            both = sorted({n for n in given[a] if root(n) in ops})
+            ops = {canonical.get(n, n) for n in given[b]}
+            both = sorted({n for n in given[a] if canonical.get(n, n) in ops})
             if both:
                 raise AmpArgumentError("ops placed in both %s and %s: %s; an op runs in one "
                                        "precision" % (a, b, ", ".join(both)))

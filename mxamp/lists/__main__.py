@@ -101,16 +101,9 @@ def explain(name, out=None, err=None):
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     registry = _registry()
-    modules = MODULES
-    listed = set()
-    for module in modules.values():
-        for table in common.CATEGORY_TABLES:
-            listed |= set(getattr(module, table))
+    listed = _listed_names()
     if name not in registry.names and name not in listed:
-        close = difflib.get_close_matches(name, sorted(registry.names | listed), n=5)
-        hint = " (did you mean %s?)" % ", ".join(close) if close else ""
-        print("unknown operator %r: no MXNet operator is registered under that name and no op "
-              "list holds it%s" % (name, hint), file=err)
+        _say_unknown(name, registry.names | listed, err)
         return 2
     canon = registry.canonical.get(name, name)
     aliases = sorted(registry.aliases.get(canon, {name}))
@@ -118,49 +111,78 @@ def explain(name, out=None, err=None):
     print(canon if name == canon else "%s (asked for %s, an alias of %s)" % (canon, name, canon),
           file=out)
     print("aliases: %s" % ", ".join(aliases), file=out)
-    for target, module in modules.items():
+    op = next((n for n in names if n in listed), canon)  # the lists may hold it by an alias
+    for target, module in MODULES.items():
         print("%s:" % target, file=out)
-        op = next((n for n in names if n in listed), canon)
-        found = _classification(op, module)
-        if found is None:
-            why = ("a backward helper: it follows its forward op" if "backward" in op.split("_")
-                   else "in no list of %s" % target)
-            print("  category:    unclassified (%s)" % why, file=out)
-            continue
-        category, condition, reason = found
-        if condition is not None:
-            category += " (float32 when %s is %s)" % (condition[0], " or ".join(condition[1]))
-        if common.lookup(op, module, "DIFF_") is not None:
-            source = "%s.py (differs from common.py)" % target
-        else:
-            source = "common.py (both targets)"
-        params = _first(module.FP32_PARAMS, names)
-        print("  category:    %s" % category, file=out)
-        print("  reason:      %s" % (reason or "-"), file=out)
-        print("  stated in:   %s" % source, file=out)
-        print("  fp32 params: %s" % (", ".join(params) if params else "-"), file=out)
-        print("  loss output: %s" % ("yes" if _first(module.LOSS_OUTPUT, names) is not None
-                                     else "no"), file=out)
-        if module.NO_CPU_KERNEL:  # a target without CPU gaps has an empty table: say nothing
-            missing = _first(module.NO_CPU_KERNEL, names)
-            print("  CPU kernel:  %s" % (
-                "present (not in NO_CPU_KERNEL)" if missing is None else "missing (NO_CPU_KERNEL:"
-                " computed in float32 on a CPU context%s)" % ("; " + missing if missing else "")),
-                file=out)
-        if module.NO_KERNEL_BY_CPU_CLASS:
-            width = max(len(c) for c in BF16_CLASSES)
-            for cpu_class in BF16_CLASSES:
-                missing = _first(module.NO_KERNEL_BY_CPU_CLASS.get(cpu_class, {}), names)
-                state = "kernel present" if missing is None else (
-                    "no kernel, computed in float32" + (" (%s)" % missing if missing else ""))
-                rules = _first(getattr(module, "FP32_WHEN_BY_CPU_CLASS", {}).get(cpu_class, {}),
-                               names)
-                for tests, if_unknown, why in rules or ():
-                    state += "; float32 where %s: %s" % (
-                        Condition(tests, if_unknown).describe(), why)
-                print("  cpu class %s %s" % ((cpu_class + ":").ljust(width + 1), state),
-                      file=out)
+        _explain_target(op, names, target, module, out)
     return 0
+
+
+def _listed_names():
+    """Every operator name some table of some target holds."""
+    listed = set()
+    for module in MODULES.values():
+        for table in common.CATEGORY_TABLES:
+            listed |= set(getattr(module, table))
+    return listed
+
+
+def _say_unknown(name, known, err):
+    """Tell ``err`` that ``name`` is no operator, with the closest of the ``known`` names."""
+    close = difflib.get_close_matches(name, sorted(known), n=5)
+    hint = " (did you mean %s?)" % ", ".join(close) if close else ""
+    print("unknown operator %r: no MXNet operator is registered under that name and no op "
+          "list holds it%s" % (name, hint), file=err)
+
+
+def _explain_target(op, names, target, module, out):
+    """Print how ``module``, the data of ``target``, classifies ``op`` (all names: ``names``)."""
+    found = _classification(op, module)
+    if found is None:
+        why = ("a backward helper: it follows its forward op" if "backward" in op.split("_")
+               else "in no list of %s" % target)
+        print("  category:    unclassified (%s)" % why, file=out)
+        return
+    category, condition, reason = found
+    if condition is not None:
+        category += " (float32 when %s is %s)" % (condition[0], " or ".join(condition[1]))
+    if common.lookup(op, module, "DIFF_") is not None:
+        source = "%s.py (differs from common.py)" % target
+    else:
+        source = "common.py (both targets)"
+    params = _first(module.FP32_PARAMS, names)
+    print("  category:    %s" % category, file=out)
+    print("  reason:      %s" % (reason or "-"), file=out)
+    print("  stated in:   %s" % source, file=out)
+    print("  fp32 params: %s" % (", ".join(params) if params else "-"), file=out)
+    print("  loss output: %s" % ("yes" if _first(module.LOSS_OUTPUT, names) is not None
+                                 else "no"), file=out)
+    if module.NO_CPU_KERNEL:  # a target without CPU gaps has an empty table: say nothing
+        _print_cpu_kernel(module, names, out)
+    if module.NO_KERNEL_BY_CPU_CLASS:
+        _print_cpu_classes(module, names, out)
+
+
+def _print_cpu_kernel(module, names, out):
+    """Print whether the target has a CPU kernel for the op (``NO_CPU_KERNEL``)."""
+    missing = _first(module.NO_CPU_KERNEL, names)
+    print("  CPU kernel:  %s" % (
+        "present (not in NO_CPU_KERNEL)" if missing is None else "missing (NO_CPU_KERNEL:"
+        " computed in float32 on a CPU context%s)" % ("; " + missing if missing else "")),
+        file=out)
+
+
+def _print_cpu_classes(module, names, out):
+    """Print, per CPU class, whether the op has a kernel and where its shape rules hold."""
+    width = max(len(c) for c in BF16_CLASSES)
+    for cpu_class in BF16_CLASSES:
+        missing = _first(module.NO_KERNEL_BY_CPU_CLASS.get(cpu_class, {}), names)
+        state = "kernel present" if missing is None else (
+            "no kernel, computed in float32" + (" (%s)" % missing if missing else ""))
+        rules = _first(getattr(module, "FP32_WHEN_BY_CPU_CLASS", {}).get(cpu_class, {}), names)
+        for tests, if_unknown, why in rules or ():
+            state += "; float32 where %s: %s" % (Condition(tests, if_unknown).describe(), why)
+        print("  cpu class %s %s" % ((cpu_class + ":").ljust(width + 1), state), file=out)
 
 
 def differences():

@@ -20,6 +20,9 @@ lists: an op the targets classify differently is in none of them.
 ``python -m mxamp.lists --explain OP`` tells where an op's entry comes from; ``--diff`` lists
 the ops the two targets classify differently.
 
+Why over 400 lines: it is a data table, one entry per registered operator (about 400 names
+with their reasons); splitting it would scatter one classification over several files.
+
 >>> 'Convolution' in LOW_PRECISION, 'dot' in LOW_PRECISION
 (True, False)
 """

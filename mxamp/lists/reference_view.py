@@ -19,7 +19,7 @@ True
 """
 from dataclasses import replace
 
-from mxamp.lists import get_op_lists
+from mxamp.lists import get_op_lists, names_by_operator
 
 #: Per target: (reference list name, OpLists field) in the reference's order.
 LIST_NAMES = {
@@ -84,12 +84,10 @@ def apply_edits(lists, module, snapshot, canonical=None):
         edits[field] = (now - before, before - now)
     if not edits:
         return lists
-    canonical = canonical or {}
-    root = lambda op: canonical.get(op, op)  # noqa: E731
     fields = {f: (set(getattr(lists, f)) if f != "conditional_fp32"
                   else dict(lists.conditional_fp32)) for f in _CATEGORIES}
     loss_output, fp32_params = set(lists.loss_output), dict(lists.fp32_params)
-    every_name = set(lists.all_ops())
+    same = names_by_operator(lists.all_ops(), canonical)
     for field, (added, removed) in edits.items():
         if field == "loss_output":
             loss_output = (loss_output | added) - removed
@@ -102,13 +100,13 @@ def apply_edits(lists, module, snapshot, canonical=None):
             continue
         for entry in removed:
             op = entry[0] if field == "conditional_fp32" else entry
-            for alias in (n for n in every_name | {op} if root(n) == root(op)):
+            for alias in same(op):
                 fields[field].pop(alias, None) if field == "conditional_fp32" \
                     else fields[field].discard(alias)
                 fields["neutral"].add(alias)
         for entry in added:
             op = entry[0] if field == "conditional_fp32" else entry
-            for alias in (n for n in every_name | {op} if root(n) == root(op)):
+            for alias in same(op):
                 for other in _CATEGORIES:
                     if other == "conditional_fp32":
                         fields[other].pop(alias, None)

@@ -19,7 +19,7 @@ import gc
 import logging
 import time
 
-import mxnet as mx
+import mxnet as mx  # noqa: F401 (the doctests use it)
 
 from mxamp import dtypes
 from mxamp.backend import mxnet_private as mxp, registry

@@ -31,7 +31,7 @@ from typing import NamedTuple
 from mxamp.backend.devices import GPU, cpu_class, device_of, symbol_device
 from mxamp.precision.device_plan import cpu_notice, device_plan, op_summary, target_for
 from mxamp import dtypes
-from mxamp.errors import AmpArgumentError, check_condition_list, check_name_list
+from mxamp.errors import AmpArgumentError
 from mxamp.precision.resolve import lists_for
 from mxamp.precision.policy import FLOAT32, Policy
 from mxamp.runtime.state import STATE
@@ -361,19 +361,14 @@ def make(target_dtype="auto", where=None, target_precision_ops=None, fp32_ops=No
         where = [symbol_device(), cpu_class()]
     where = list(dict.fromkeys(where))
     target = target_for(requested, where[0])
-    target_precision_ops = check_name_list(target_precision_ops, low_precision_argument)
-    fp32_ops = check_name_list(fp32_ops, "fp32_ops")
-    conditional_fp32_ops = check_condition_list(conditional_fp32_ops)
     if not allow_widest_overrides:
         _check_widest(target, [
             (low_precision_argument, target_precision_ops), ("fp32_ops", fp32_ops),
             ("conditional_fp32_ops", [e[0] for e in conditional_fp32_ops or ()
                                       if isinstance(e, (list, tuple)) and e])])
-    if policy is not None:
-        fp32_ops, conditional_fp32_ops = policy.overrides(fp32_ops, conditional_fp32_ops)
     lists = lists_for(target, target_precision_ops=target_precision_ops, fp32_ops=fp32_ops,
                       conditional_fp32_ops=conditional_fp32_ops,
-                      low_precision_argument=low_precision_argument)
+                      low_precision_argument=low_precision_argument, policy=policy)
     because = _float32_because(policy)
     plans = tuple(device_plan(requested, lists, device, because) for device in where)
     return Plan(requested=requested, target=target, lists=lists, device_plans=plans,

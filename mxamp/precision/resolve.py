@@ -14,7 +14,7 @@ from mxamp.lists import get_op_lists, reference_view, symbol_bf16, symbol_fp16
 
 
 def lists_for(target, target_precision_ops=None, fp32_ops=None, conditional_fp32_ops=None,
-              low_precision_argument="target_precision_ops"):
+              low_precision_argument="target_precision_ops", policy=None):
     """The op lists of ``target`` with a caller's overrides, checked and alias-aware.
 
     The one resolver behind ``amp.init``, every ``convert_*`` and ``cast_model``. The defaults
@@ -24,29 +24,29 @@ def lists_for(target, target_precision_ops=None, fp32_ops=None, conditional_fp32
     alias of an op moves the op and all its aliases; an unknown name, an op in two lists or a
     malformed entry is an :class:`~mxamp.errors.AmpArgumentError` naming the argument (the
     low-precision list as ``low_precision_argument``: ``convert_*`` call it
-    ``target_dtype_ops``).
+    ``target_dtype_ops``). A tuned ``policy`` (:class:`~mxamp.precision.policy.Policy`) adds
+    its float32 ops and conditional rules on top of the caller's lists. Each check runs once,
+    here: entry points pass their arguments through unchecked.
 
     >>> lists_for('float16', fp32_ops=['flatten']).category('Flatten')
     'fp32'
     """
     lists = _with_reference_edits(get_op_lists(target))
-    given = {"target_precision_ops": check_name_list(target_precision_ops,
+    given = {low_precision_argument: check_name_list(target_precision_ops,
                                                      low_precision_argument),
              "fp32_ops": check_name_list(fp32_ops, "fp32_ops")}
-    conditional_fp32_ops = check_condition_list(conditional_fp32_ops)
-    if all(v is None for v in given.values()) and conditional_fp32_ops is None:
+    conditional = check_condition_list(conditional_fp32_ops)
+    if policy is not None:
+        given["fp32_ops"], conditional = policy.overrides(given["fp32_ops"], conditional)
+    if all(v is None for v in given.values()) and conditional is None:
         return lists
     for what, names in given.items():
         if names is not None:
-            check_op_names(names, low_precision_argument if what == "target_precision_ops"
-                           else what)
-    if conditional_fp32_ops is not None:
-        check_op_names([entry[0] for entry in conditional_fp32_ops
-                        if isinstance(entry, (list, tuple)) and entry
-                        and isinstance(entry[0], str)], "conditional_fp32_ops")
-    return lists.with_overrides(target_precision_ops=given["target_precision_ops"],
-                                fp32_ops=given["fp32_ops"],
-                                conditional_fp32_ops=conditional_fp32_ops,
+            check_op_names(names, what)
+    if conditional is not None:
+        check_op_names([entry[0] for entry in conditional], "conditional_fp32_ops")
+    return lists.with_overrides(target_precision_ops=given[low_precision_argument],
+                                fp32_ops=given["fp32_ops"], conditional_fp32_ops=conditional,
                                 canonical=registered_ops().canonical)
 
 

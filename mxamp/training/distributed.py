@@ -8,6 +8,8 @@ non-finite (``inf + x = inf``, ``inf + -inf = nan``). Horovod's ``DistributedTra
 
 What this module adds:
 
+- :func:`make_updates_skippable`: the kvstore policy that :func:`mxamp.amp.init_trainer` applies,
+  ``update_on_kvstore=False``, so that every update runs in ``Trainer._update``, after the check.
 - :func:`before_first_step` makes the start deterministic. MXNet's Trainer sends the initial
   weights to the kvstore lazily inside the first ``step``; on ``dist_sync`` that broadcast races
   with the first gradient push, and workers can end up with different weights. mxamp calls it
@@ -23,6 +25,7 @@ same point of the program, or they wait for each other forever.
 """
 import logging
 import sys
+import warnings
 
 import numpy as np
 import mxnet as mx
@@ -48,7 +51,16 @@ def _horovod_module(trainer):
     return None
 
 
-def _kvstore_type(trainer):
+def kvstore_kind(trainer):
+    """The kvstore ``trainer`` was created with, as a type string (``''`` for none).
+
+    Read from the Trainer's arguments, so it is known before MXNet creates the kvstore.
+
+    >>> import mxnet as mx
+    >>> p = mx.gluon.Parameter('w', shape=(2,)); p.initialize()
+    >>> kvstore_kind(mx.gluon.Trainer([p], 'sgd', kvstore='device'))
+    'device'
+    """
     store = TrainerView(trainer).kvstore_params["kvstore"]
     if isinstance(store, str):
         return store
@@ -67,15 +79,84 @@ def backend(trainer):
     """
     if _horovod_module(trainer) is not None:
         return "horovod"
-    if "dist" in _kvstore_type(trainer):
+    if "dist" in kvstore_kind(trainer):
         return "kvstore"
     return None
+
+
+# Not merged with before_first_step: this keeps overflowed steps skippable, that aligns weights.
+def make_updates_skippable(trainer):
+    """Make sure ``Trainer._update`` (and so the overflow check) runs before any update.
+
+    The kvstore policy of :func:`mxamp.amp.init_trainer`: ``update_on_kvstore=False``. An
+    explicit True is overridden with a warning; a local kvstore already updating is moved off
+    (with its optimizer states); an ``async`` or sparse setup, or a distributed kvstore already
+    updating on the servers, raises RuntimeError.
+    """
+    view = TrainerView(trainer)
+    config = view.kvstore_params
+    store = config.get("kvstore")
+    kind = kvstore_kind(trainer)
+    if "async" in kind:
+        raise RuntimeError("amp.init_trainer: kvstore %r applies updates on the servers as "
+                           "they arrive, so an overflowed step cannot be skipped; use "
+                           "dist_sync or dist_device_sync" % (kind,))
+    if view.contains_sparse_weight or ("dist" in kind and view.contains_sparse_grad):
+        raise RuntimeError("amp.init_trainer: sparse weights (or sparse gradients on a dist "
+                           "kvstore) force update_on_kvstore=True, where an overflowed step "
+                           "cannot be skipped")
+    if not view.kv_initialized:
+        if config.get("update_on_kvstore"):
+            # stacklevel 3: the warning points at the user's call of init_trainer
+            warnings.warn("amp.init_trainer: update_on_kvstore=True is overridden to False: "
+                          "updates inside the kvstore run before the overflow check and "
+                          "could not be skipped", UserWarning, stacklevel=3)
+        elif store is not None:
+            LOG.info("mxamp: trainer set to update_on_kvstore=False so that overflowed "
+                     "steps can be skipped before any update")
+        config["update_on_kvstore"] = False
+        return
+    if not (view.kvstore and view.update_on_kvstore):
+        return
+    if "dist" in view.kvstore.type or not isinstance(store, str):
+        raise RuntimeError(
+            "amp.init_trainer: this trainer's kvstore already updates the weights itself "
+            "(update_on_kvstore=True), so overflowed steps could not be skipped. Create the "
+            "Trainer with update_on_kvstore=False, or call amp.init_trainer before the first "
+            "step / load_states")
+    _move_updates_off_kvstore(view)
+
+
+def _move_updates_off_kvstore(view):
+    """Local kvstore already running the optimizer: move its states to the trainer."""
+    states = KVStoreView(view.kvstore).updater.get_states(dump_optimizer=False)
+    for updater in view.updaters:
+        updater.set_states(states)
+        updater.optimizer = view.optimizer
+    view.kvstore_params["update_on_kvstore"] = False
+    view.reset_kvstore()
+    LOG.info("mxamp: moved optimizer states out of the %r kvstore; the trainer now updates "
+             "locally (update_on_kvstore=False) so overflowed steps can be skipped",
+             view.kvstore_params["kvstore"])
+
+
+def started(trainer):
+    """True once :func:`before_first_step` has completed for ``trainer``.
+
+    >>> import mxnet as mx
+    >>> p = mx.gluon.Parameter('w', shape=(2,)); p.initialize()
+    >>> t = mx.gluon.Trainer([p], 'sgd', kvstore=None)
+    >>> started(t), (before_first_step(t), started(t))[1]
+    (False, True)
+    """
+    return getattr(trainer, "_mxamp_started", False)
 
 
 def _uninitialized(trainer):
     return [p.name for p in TrainerView(trainer).params if ParamView(p).deferred_init]
 
 
+# Not merged with make_updates_skippable: this aligns the workers' weights, that keeps skips.
 def before_first_step(trainer, batch_size=None):
     """Broadcast the initial weights and wait for every worker before any gradient is pushed.
 
@@ -92,7 +173,7 @@ def before_first_step(trainer, batch_size=None):
     >>> net(first_batch)               # deferred shapes resolved        # doctest: +SKIP
     >>> before_first_step(trainer)     # every worker holds rank 0's weights  # doctest: +SKIP
     """
-    if getattr(trainer, "_mxamp_started", False):
+    if started(trainer):
         return
     kind = backend(trainer)
     if kind is None:
@@ -144,7 +225,7 @@ def _broadcast_through_kvstore(trainer, batch_size):
 def _servers_would_update(trainer):
     """Predict MXNet's choice of update_on_kvstore for a dist kvstore before it is created."""
     requested = TrainerView(trainer).kvstore_params["update_on_kvstore"]
-    if "async" in _kvstore_type(trainer):
+    if "async" in kvstore_kind(trainer):
         return True
     if requested is not None:
         return bool(requested)

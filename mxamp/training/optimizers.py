@@ -24,7 +24,6 @@ The master copy and the optimizer state live in the updater's ``states`` as
 >>> install_master_weights(t)
 True
 """
-import mxnet as mx
 from mxnet.optimizer import Updater
 
 from mxamp import dtypes
@@ -108,6 +107,7 @@ class MasterWeightUpdater(Updater):
 def master_weight(updater, index):
     """The float32 master copy an updater keeps for bfloat16 parameter ``index`` (or None).
 
+    >>> import mxnet as mx
     >>> master_weight(MasterWeightUpdater(mx.optimizer.SGD()), 0) is None
     True
     """
@@ -124,6 +124,7 @@ def install_master_weights(trainer):
     states they hold). Returns True when the trainer has bfloat16 parameters. Called by
     ``amp.init_trainer``; calling it twice is harmless.
 
+    >>> import mxnet as mx
     >>> p = mx.gluon.Parameter('w', shape=(2,)); p.initialize()
     >>> install_master_weights(mx.gluon.Trainer([p], 'sgd', kvstore=None))
     False

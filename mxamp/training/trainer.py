@@ -12,7 +12,8 @@ How a step flows (the reference's design, kept because MXNet's Trainer expects i
 
 Also arranged by ``init_trainer``: ``update_on_kvstore=False`` (an update inside the kvstore
 runs before the check and cannot be skipped; an explicit True is overridden with a warning, a
-kvstore already updating is moved off when local, refused when distributed or async);
+kvstore already updating is moved off when local, refused when distributed or async: the kvstore
+policy, :func:`mxamp.training.distributed.make_updates_skippable`);
 ``save_states``/``load_states`` carry the scaler state in the same file (either order of
 ``load_states`` and ``init_trainer`` resumes it); bfloat16 parameters get float32 master
 weights (:mod:`mxamp.training.optimizers`). Diagnostics: :func:`loss_scaler`. The trainer's private
@@ -39,7 +40,6 @@ import dataclasses
 import functools
 import logging
 import math
-import warnings
 import weakref
 
 import mxnet as mx
@@ -49,7 +49,7 @@ from mxnet.optimizer import Optimizer
 from mxamp import dtypes
 from mxamp.training import distributed, optimizers
 from mxamp.errors import AmpArgumentError
-from mxamp.backend.mxnet_private import KVStoreView, TrainerView
+from mxamp.backend.mxnet_private import TrainerView
 from mxamp.training.scaler import DEFAULTS, TARGET_DEFAULTS, LossScaler, ScalerConfig
 from mxamp.runtime.state import STATE
 from mxamp.training.trainer_scaler import TrainerScaler, trainable_grads
@@ -163,23 +163,43 @@ def init_trainer(optimizer_or_trainer, *, target_dtype=None, init_scale=None, dy
     True
     """
     trainer = _check_trainer(optimizer_or_trainer, "amp.init_trainer")
-    if unknown:
-        valid = ", ".join(f.name for f in dataclasses.fields(TrainerConfig))
-        raise AmpArgumentError("amp.init_trainer got unknown keyword(s) %s; valid: %s"
-                               % (", ".join(sorted(unknown)), valid))
+    _reject_unknown_keywords(unknown)
     config = TrainerConfig(target_dtype=target_dtype, init_scale=init_scale, dynamic=dynamic,
                            growth_factor=growth_factor, growth_interval=growth_interval,
                            backoff_factor=backoff_factor, min_scale=min_scale,
                            max_scale=max_scale, hysteresis=hysteresis,
                            skip_nonfinite=skip_nonfinite)
-    view = TrainerView(trainer)
-    existing = view.amp_scaler_or_none()
+    existing = TrainerView(trainer).amp_scaler_or_none()
     if isinstance(existing, TrainerScaler) and config.is_default:
         return existing
+    hook = _new_scaler(trainer, config)  # before any change: a bad target_dtype raises here
+    # Called from here, not from a step function: its warning's stacklevel points at our caller.
+    distributed.make_updates_skippable(trainer)
+    _attach_scaler(trainer, hook)
+    _wrap_checkpointing(trainer)
+    optimizers.install_master_weights(trainer)
+    STATE.remember_trainer(trainer)
+    return hook
+
+
+def _reject_unknown_keywords(unknown):
+    """Raise AmpArgumentError naming ``init_trainer``'s unknown keywords, if any."""
+    if unknown:
+        valid = ", ".join(f.name for f in dataclasses.fields(TrainerConfig))
+        raise AmpArgumentError("amp.init_trainer got unknown keyword(s) %s; valid: %s"
+                               % (", ".join(sorted(unknown)), valid))
+
+
+def _new_scaler(trainer, config):
+    """A fresh :class:`TrainerScaler` for ``config``, its defaults those of the trainer's target."""
     resolved = config.resolve(_resolve_target(trainer, config.target_dtype))
-    hook = TrainerScaler(LossScaler.from_config(resolved.scaler), resolved.target,
+    return TrainerScaler(LossScaler.from_config(resolved.scaler), resolved.target,
                          resolved.skip_nonfinite)
-    _configure_kvstore(trainer)
+
+
+def _attach_scaler(trainer, hook):
+    """Install ``hook`` as the trainer's scaler, resuming the state a ``load_states`` left."""
+    view = TrainerView(trainer)
     if not view.has_original_scale():
         # Kept from the first call: a second call must not fold the loss scale into it.
         view.amp_original_scale = view.scale
@@ -188,10 +208,6 @@ def init_trainer(optimizer_or_trainer, *, target_dtype=None, init_scale=None, dy
         hook.load_state_dict(saved)
         LOG.info("mxamp: resumed loss scaler from the loaded trainer states: %r", hook)
     view.amp_loss_scaler = hook
-    _wrap_checkpointing(trainer)
-    optimizers.install_master_weights(trainer)
-    STATE.remember_trainer(trainer)
-    return hook
 
 
 def _resolve_target(trainer, explicit):
@@ -202,54 +218,6 @@ def _resolve_target(trainer, explicit):
     if any(dtypes.name_of(p.dtype) == "bfloat16" for p in TrainerView(trainer).params):
         return "bfloat16"
     return "float16"
-
-
-def _configure_kvstore(trainer):
-    """Make sure ``Trainer._update`` (and so the overflow check) runs before any update."""
-    view = TrainerView(trainer)
-    config = view.kvstore_params
-    store = config.get("kvstore")
-    kind = store if isinstance(store, str) else getattr(store, "type", "")
-    if "async" in str(kind):
-        raise RuntimeError("amp.init_trainer: kvstore %r applies updates on the servers as "
-                           "they arrive, so an overflowed step cannot be skipped; use "
-                           "dist_sync or dist_device_sync" % (kind,))
-    if view.contains_sparse_weight or ("dist" in str(kind) and view.contains_sparse_grad):
-        raise RuntimeError("amp.init_trainer: sparse weights (or sparse gradients on a dist "
-                           "kvstore) force update_on_kvstore=True, where an overflowed step "
-                           "cannot be skipped")
-    if not view.kv_initialized:
-        if config.get("update_on_kvstore"):
-            warnings.warn("amp.init_trainer: update_on_kvstore=True is overridden to False: "
-                          "updates inside the kvstore run before the overflow check and "
-                          "could not be skipped", UserWarning, stacklevel=3)
-        elif store is not None:
-            LOG.info("mxamp: trainer set to update_on_kvstore=False so that overflowed "
-                     "steps can be skipped before any update")
-        config["update_on_kvstore"] = False
-        return
-    if not (view.kvstore and view.update_on_kvstore):
-        return
-    if "dist" in view.kvstore.type or not isinstance(store, str):
-        raise RuntimeError(
-            "amp.init_trainer: this trainer's kvstore already updates the weights itself "
-            "(update_on_kvstore=True), so overflowed steps could not be skipped. Create the "
-            "Trainer with update_on_kvstore=False, or call amp.init_trainer before the first "
-            "step / load_states")
-    _move_updates_off_kvstore(view)
-
-
-def _move_updates_off_kvstore(view):
-    """Local kvstore already running the optimizer: move its states to the trainer."""
-    states = KVStoreView(view.kvstore).updater.get_states(dump_optimizer=False)
-    for updater in view.updaters:
-        updater.set_states(states)
-        updater.optimizer = view.optimizer
-    view.kvstore_params["update_on_kvstore"] = False
-    view.reset_kvstore()
-    LOG.info("mxamp: moved optimizer states out of the %r kvstore; the trainer now updates "
-             "locally (update_on_kvstore=False) so overflowed steps can be skipped",
-             view.kvstore_params["kvstore"])
 
 
 def _wrap_checkpointing(trainer):
@@ -293,11 +261,10 @@ def _before_first_step(trainer, lock):
     and no gradient has been pushed yet).
     """
     with lock:
-        if getattr(trainer, "_mxamp_first_step_done", False):
+        if distributed.started(trainer):  # its own once-only flag: no second one kept here
             return
         with mx.autograd.pause():
             distributed.before_first_step(trainer)
-        trainer._mxamp_first_step_done = True  # only once it succeeded
 
 
 def _check_loss(loss):
