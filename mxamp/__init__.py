@@ -34,12 +34,26 @@ except ImportError as _err:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(_MISSING_MXNET.format(err=_err)) from _err
 
 from mxamp import amp  # noqa: E402
-from mxamp.amp import *  # noqa: E402,F401,F403
-from mxamp.amp import __all__ as _amp_all  # noqa: E402
 from mxamp.patching import patcher as _patching  # noqa: E402
+
+# amp's names, but for the commands it loads at their first use (amp.LAZY): those come
+# through __getattr__ below, so that ``import mxamp`` does not load them.
+globals().update({_name: getattr(amp, _name) for _name in amp.__all__
+                  if _name not in amp.LAZY})
 
 # The facts amp.init needs (MXNet's generated operator functions, the op lists), computed once
 # here so that amp.init itself takes a few milliseconds.
 _patching.prepare()
 
-__all__ = ["amp", "__version__"] + list(_amp_all)
+__all__ = ["amp", "__version__"] + list(amp.__all__)
+
+
+def __getattr__(name):
+    """``mxamp.tune`` and ``mxamp.accuracy_report``, from :mod:`mxamp.amp` at first use."""
+    if name in amp.LAZY:
+        return getattr(amp, name)
+    raise AttributeError("module 'mxamp' has no attribute %r" % name)
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -8,10 +8,11 @@ working. What each function does lives in its own module; this one only gathers 
 >>> 'FullyConnected' in amp.list_lp16_ops('bfloat16')
 True
 """
+import importlib
+
 from mxamp import dtypes, lists
 from mxamp.conversion.convert import (convert_bucketing_module, convert_hybrid_block,
                                       convert_model, convert_symbol)
-from mxamp.compare import accuracy_report
 from mxamp.backend.cpu import cpu_features
 from mxamp.precision.plan import precision_plan
 from mxamp.lists import symbol_bf16, symbol_fp16
@@ -23,7 +24,6 @@ from mxamp.patching import loss_outputs
 from mxamp.training.trainer import (global_norm_and_overflow, init_trainer, loss_scaler,
                                     scale_loss, unscale)
 from mxamp.precision.policy import Policy
-from mxamp.tuning import tune
 
 __all__ = [
     "init", "init_trainer", "scale_loss", "unscale", "convert_symbol", "convert_model",
@@ -35,6 +35,23 @@ __all__ = [
     "cpu_features", "global_norm_and_overflow", "loss_scaler", "precision_plan", "precision_of",
     "tune", "Policy",
 ]
+
+#: The commands' entry points (rank 6), loaded at their first use: a training script rarely
+#: calls them, and loading them cost ~5 ms of ``import mxamp``.
+LAZY = {"tune": "mxamp.tuning", "accuracy_report": "mxamp.compare"}
+
+
+def __getattr__(name):
+    """``amp.tune`` and ``amp.accuracy_report``, imported when first asked for."""
+    if name not in LAZY:
+        raise AttributeError("module %r has no attribute %r" % (__name__, name))
+    value = getattr(importlib.import_module(LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
 
 
 def _lists(target_dtype):

@@ -24,6 +24,7 @@ in one pass:
 >>> plan.decide(p.rule('softmax'), {}, lambda: True, lambda: (2, 4))
 ('to', 'float32')
 """
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -196,10 +197,10 @@ class Plan:
         return device_plan(self.requested, self.lists, device,
                                    _float32_because(self.policy))
 
-    @property
+    @functools.cached_property
     def cpu(self):
         """The plan of the CPU it runs on (where NDArray calls on CPU arrays run): the first
-        CPU class asked for, else this CPU's.
+        CPU class asked for, else this CPU's (found once: ``amp.init`` asks for every op).
 
         >>> make('bfloat16', ['gpu', 'amx']).cpu.device
         'amx'

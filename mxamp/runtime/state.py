@@ -45,7 +45,8 @@ class ProcessState:
         # the patch amp.init applied
         self.plan = None              # mxamp.precision.plan.Plan in force (request, lists, devices)
         self.arguments = None         # amp.init's normalised arguments (re-init check)
-        self.replaced = []            # mxamp.runtime.patches.Patch, oldest first
+        self.replaced = []            # (kind, [changes]) batches of mxamp.runtime.patches
+        self.replaced_keys = set()    # (id(owner), attribute) of each entry, for lookups
         self.amp_graph_blocks = weakref.WeakSet()   # blocks that built a graph under the hook
         self.categories = {}          # category -> number of wrapped functions
         self.init_seconds = 0.0
