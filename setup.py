@@ -38,7 +38,8 @@ setup(
         "example": ["mlxtend==0.23.1", "tqdm", "matplotlib<3.8"],
     },
     entry_points={"console_scripts": ["mxamp-launch=mxamp.launch:main",
-                                      "mxamp-compare=mxamp.compare:main"]},
+                                      "mxamp-compare=mxamp.compare:main",
+                                      "mxamp-run=mxamp.__main__:main"]},
     classifiers=[
         "Programming Language :: Python :: 3",
         "License :: OSI Approved :: Apache Software License",

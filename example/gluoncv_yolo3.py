@@ -9,13 +9,18 @@ change for mxamp is the import. The data is a generated VOC-style set (no downlo
     python example/gluoncv_yolo3.py --amp --iters 10            # mxamp, bfloat16 on a CPU
     python example/gluoncv_yolo3.py --iters 10                  # float32
     python example/gluoncv_yolo3.py --amp --impl reference      # mxnet.contrib.amp: fails on a
-                                                                # CPU in bfloat16 (see below)
+                                                                # CPU (see below)
+    python -m mxamp run example/gluoncv_yolo3.py --amp --impl reference
+                          # the reference's import and bare amp.init(), with mxamp in its place
 
 With ``mxnet.contrib.amp`` in bfloat16 the same script stops before the first step: YOLOv3
 concatenates bfloat16 and float32 feature maps, and the reference's ``Concat`` is not a
 widest-type op ("Non-uniform data type in Concat"); its lists also force input-less ops such as
 ``_zeros`` to float32, which breaks hybridized blocks. ``--impl reference`` shows the failure
-in one line and exits with code 2.
+in one line and exits with code 2. With ``--impl reference`` and no ``--target-dtype`` the script
+calls a bare ``amp.init()``, as GluonCV's does: float16, which the reference cannot run on a
+CPU; under ``python -m mxamp run`` that bare call means 'auto' (bfloat16 where this CPU computes
+it faster, float32 elsewhere), and the report says which dtype the patched operators computed.
 """
 import argparse
 import json
@@ -44,8 +49,9 @@ def parse_args(argv=None):
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--wd", type=float, default=0.0005)
     parser.add_argument("--amp", action="store_true", help="train with automatic mixed precision")
-    parser.add_argument("--target-dtype", default="auto", choices=["auto", "bfloat16", "float16"],
-                        help="auto: float16 on a GPU, bfloat16 on a CPU")
+    parser.add_argument("--target-dtype", default=None, choices=["auto", "bfloat16", "float16"],
+                        help="auto (the default with mxamp): float16 on a GPU, bfloat16 on a "
+                             "CPU; with --impl reference and none given, a bare amp.init()")
     parser.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
                         help="auto = the first GPU if MXNet sees one, else the CPU")
     parser.add_argument("--impl", choices=["mxamp", "reference"], default="mxamp",
@@ -134,6 +140,14 @@ def train(net, train_data, ctx, args, amp):
     return history
 
 
+def computes_in(mx):
+    """The dtype a FullyConnected computes in now, as the (maybe patched) operator answers."""
+    out = mx.nd.FullyConnected(mx.nd.ones((2, 8)), mx.nd.ones((4, 8)), no_bias=True,
+                               num_hidden=4)
+    dtype = np.dtype(out.dtype)
+    return "bfloat16" if dtype.names == ("bfloat16",) else dtype.name
+
+
 def main(argv=None):
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -150,10 +164,13 @@ def main(argv=None):
             from mxnet.contrib import amp
         else:
             from mxamp import amp
-        target = args.target_dtype
+        target = args.target_dtype or ("amp.init()" if args.impl == "reference" else "auto")
         if target == "auto":
             target = "float16" if on_gpu else "bfloat16"
-        amp.init(target_dtype=target)
+        if target == "amp.init()":
+            amp.init()          # GluonCV's train_yolo3.py: `if args.amp: amp.init()`
+        else:
+            amp.init(target_dtype=target)
     gcv.utils.random.seed(args.seed)
     ctx = [mx.gpu(0)] if on_gpu else [mx.cpu()]
 
@@ -168,7 +185,7 @@ def main(argv=None):
     precision = (f"{target} ({args.impl})" if args.amp else "float32")
     # what really computes: a bfloat16 request on a CPU without bf16 kernels runs in float32
     ran = amp.precision_plan(target, ctx[0]).summary() if args.amp and args.impl == "mxamp" \
-        else precision
+        else "AMP computes %s" % computes_in(mx) if args.amp else precision
     logging.info("training %s on %d generated images (%dx%d), batch %d, %d iterations, %s",
                  net_name, len(train_dataset), args.data_shape, args.data_shape,
                  args.batch_size, args.iters, precision)

@@ -35,6 +35,7 @@ except ImportError as _err:  # pragma: no cover - exercised in a subprocess test
 
 from mxamp import amp  # noqa: E402
 from mxamp.patching import patcher as _patching  # noqa: E402
+from mxamp.standin import install, is_installed, uninstall  # noqa: E402,F401
 
 # amp's names, but for the commands it loads at their first use (amp.LAZY): those come
 # through __getattr__ below, so that ``import mxamp`` does not load them.
@@ -45,7 +46,7 @@ globals().update({_name: getattr(amp, _name) for _name in amp.__all__
 # here so that amp.init itself takes a few milliseconds.
 _patching.prepare()
 
-__all__ = ["amp", "__version__"] + list(amp.__all__)
+__all__ = ["amp", "__version__", "install", "uninstall", "is_installed"] + list(amp.__all__)
 
 
 def __getattr__(name):

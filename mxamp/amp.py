@@ -9,6 +9,7 @@ working. What each function does lives in its own module; this one only gathers 
 True
 """
 import importlib
+import sys
 
 from mxamp import dtypes, lists
 from mxamp.conversion.convert import (convert_bucketing_module, convert_hybrid_block,
@@ -42,7 +43,18 @@ LAZY = {"tune": "mxamp.tuning", "accuracy_report": "mxamp.compare"}
 
 
 def __getattr__(name):
-    """``amp.tune`` and ``amp.accuracy_report``, imported when first asked for."""
+    """``amp.tune`` and ``amp.accuracy_report``, imported when first asked for; and the
+    reference's ``amp._amp_initialized`` (GluonNLP reads it) and ``amp.amp`` (its module path,
+    ``from mxnet.contrib.amp import amp``), for code that ``mxamp.install()`` points here.
+
+    >>> import mxamp.amp as amp
+    >>> amp.amp is amp, amp._amp_initialized == amp.is_initialized()
+    (True, True)
+    """
+    if name == "_amp_initialized":
+        return is_initialized()
+    if name == "amp":
+        return sys.modules[__name__]
     if name not in LAZY:
         raise AttributeError("module %r has no attribute %r" % (__name__, name))
     value = getattr(importlib.import_module(LAZY[name]), name)

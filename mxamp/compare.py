@@ -152,6 +152,8 @@ def accuracy_report(block, inputs, target_dtype="bfloat16", **convert_options):
     in_syms, fp32_sym = trace_graph(block, inputs)
     converted = convert_hybrid_block(block, target_dtype, ctx=mx.cpu(), example_inputs=inputs,
                                      **convert_options)
+    if converted.cannot_run_on_cpu:   # float16: it builds, but the comparison runs it here
+        raise RuntimeError(converted.cannot_run_on_cpu)
     target = dtypes.normalize(target_dtype)
     lp_sym = BlockView(converted).cached_graph[1]
     layers = _layer_outputs(fp32_sym)

@@ -122,12 +122,15 @@ def collect(timing=True, probe=True, seconds=0.5):
     """The doctor's facts as a dict (what ``--json`` prints).
 
     >>> sorted(collect(timing=False, probe=False))
-    ['build', 'consistent', 'cpu', 'mxamp', 'onednn', 'plans', 'probe', 'timing']
+    ['build', 'consistent', 'cpu', 'installed', 'mxamp', 'onednn', 'plans', 'probe', 'timing']
     """
     features = cpu_features()
     model, flags = read_cpuinfo()
     facts = {
         "mxamp": __version__,
+        # mxamp.install() makes the reference's module name mean mxamp's amp (read by name:
+        # the stand-in is above this command)
+        "installed": getattr(sys.modules.get("mxnet.contrib.amp"), "__name__", "") == "mxamp.amp",
         "build": _build(),
         "cpu": {"model": model or "unknown", "logical_cores": os.cpu_count(),
                 "vector_flags": sorted(f for f in flags if f.startswith(("avx", "amx"))),
@@ -187,6 +190,8 @@ def format_report(facts):
     b, c = facts["build"], facts["cpu"]
     on = [n for n, v in b["features"].items() if v]
     lines = ["mxamp %s doctor" % facts["mxamp"],
+             "mxnet.contrib.amp is %s" % ("mxamp (mxamp.install() or python -m mxamp run)"
+                                          if facts.get("installed") else "MXNet's own"),
              "MXNet %s (%s): %s; %d GPU(s)" % (b["mxnet"], b["distribution"],
                                                ", ".join(on) or "no oneDNN/CUDA", b["gpus"]),
              "CPU: %s, %s logical cores" % (c["model"], c["logical_cores"]),

@@ -15,8 +15,10 @@ REFERENCE_FUNCTIONS = list(reference.__all__) + ["convert_bucketing_module"]
 
 # Defaults that cannot make sense on a CPU-only machine: the reference uses ctx=gpu(0) and
 # float16, which has no CPU kernels; mxamp's None means "the block's context / its best dtype".
+# None where the reference's default cannot run here: a bare amp.init() means float16 with a GPU
+# (the reference's default) and 'auto' without one (tests/test_standin.py checks both).
 CPU_SAFE_DEFAULTS = {("convert_hybrid_block", "ctx"), ("convert_hybrid_block", "target_dtype"),
-                     ("convert_bucketing_module", "target_dtype")}
+                     ("convert_bucketing_module", "target_dtype"), ("init", "target_dtype")}
 
 
 @pytest.mark.parametrize("name", REFERENCE_FUNCTIONS)

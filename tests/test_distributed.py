@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import subprocess
+import textwrap
 import sys
 
 import numpy as np
@@ -472,6 +473,27 @@ def test_horovod_inf_on_one_rank_makes_every_rank_skip(tmp_path, amp_reference):
     _run([sys.executable, HERE, "reference", "--amp", "--average", "2", "--out", str(reference)])
     _assert_both_skipped_and_agree(output, tmp_path,
                                    (str(reference / "reference.params"), amp_reference[1]))
+
+
+def test_horovod_runs_an_unmodified_script_through_mxamp_run(tmp_path):
+    """``horovodrun -np 2 python -m mxamp run train.py``: both ranks run a script that imports
+    ``mxnet.contrib.amp`` and calls a bare ``amp.init()``, with mxamp in its place."""
+    horovodrun = _horovodrun()
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import horovod.mxnet as hvd
+        import mxnet as mx
+        from mxnet.contrib import amp
+        import mxamp
+        hvd.init()
+        amp.init()
+        total = hvd.allreduce(mx.nd.ones((2,)) * (hvd.rank() + 1), average=False)
+        print('rank=%d mxamp=%s sum=%g' % (hvd.rank(), amp is mxamp.amp, total[0].asscalar()))
+    """))
+    output = _run([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
+                   "mxamp", "run", str(script)], timeout=150)
+    for rank in range(2):
+        assert "rank=%d mxamp=True sum=3" % rank in output, output[-3000:]
 
 
 if __name__ == "__main__":

@@ -205,6 +205,26 @@ def test_gluoncv_yolo3_fails_with_the_reference_amp(gluoncv, tmp_path):
     assert "mxnet.contrib.amp failed" in proc.stdout and "Concat" in proc.stdout, proc.stdout
 
 
+@pytest.mark.cpu_class
+def test_gluoncv_yolo3_unmodified_under_mxamp_run(gluoncv, tmp_path):
+    """The script's reference path (``from mxnet.contrib import amp``; a bare ``amp.init()``,
+    as GluonCV's train_yolo3.py) run through ``python -m mxamp run``: it trains, and its own
+    report (the dtype a patched FullyConnected returns) shows 'auto': bfloat16 where this CPU
+    computes it faster, float32 elsewhere (worked out by tests/bf16_expect.py)."""
+    out = tmp_path / "run.json"
+    proc = subprocess.run([sys.executable, "-m", "mxamp", "run",
+                           os.path.join(EXAMPLE_DIR, "gluoncv_yolo3.py"), *YOLO_TINY, "--amp",
+                           "--impl", "reference", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=ROOT,
+                                   OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1")))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["precision"] == "amp.init() (reference)", report["precision"]
+    assert report["what_ran"] == "AMP computes %s" % AUTO_BY_CLASS, (report["what_ran"], where())
+    assert "all losses finite" in proc.stdout, proc.stdout
+
+
 def test_gluoncv_yolo3_rejects_a_size_yolo_cannot_use(gluoncv):
     proc = run_script("gluoncv_yolo3.py", "--data-shape", "100")
     assert proc.returncode == 2 and "multiple of 32" in proc.stderr, proc.stderr

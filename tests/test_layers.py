@@ -30,7 +30,9 @@ RANKS = {
     "mxamp.tuning": 6, "mxamp.compare": 6, "mxamp.doctor": 6, "mxamp.launch": 6,
     "mxamp.lists.__main__": 6,           # the op lists' command line: a command on top of data
     "mxamp.amp": 7,
-    "mxamp": 8,                          # the package's __init__: re-exports the facade
+    "mxamp.standin": 8,                  # mxnet.contrib.amp made to mean the facade
+    "mxamp": 9,                          # the package's __init__: re-exports the facade
+    "mxamp.__main__": 9,                 # python -m mxamp run: install, then the script
 }
 
 #: The functions that turn a request into op lists and device plans: only the precision unit

@@ -17,6 +17,7 @@ is missing, and checks that no other module of mxamp touches one.
 1.0
 """
 import ctypes
+import functools
 
 import mxnet as mx
 from mxnet import base as _base
@@ -121,9 +122,11 @@ def scope_starts_recording(scope):
 _uses("mxnet.contrib.amp.amp", "_amp_initialized")
 
 
+@functools.lru_cache(maxsize=None)
 def reference_amp_module():
     """The reference's module ``mxnet.contrib.amp.amp``, whose ``_amp_initialized`` flag
     GluonNLP's attention cell reads (``amp.init`` sets it through mxamp's patch registry).
+    Found once, at ``import mxamp``: after ``mxamp.install()`` the name means mxamp's ``amp``.
 
     >>> reference_amp_module()._amp_initialized in (False, True)
     True

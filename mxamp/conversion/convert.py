@@ -211,25 +211,38 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
     return converted, _cast_params(arg_params, wanted), _cast_params(aux_params, wanted)
 
 
-def _check_device_can_run(lists, converted, contexts):
-    """float16 on a CPU context would fail at the first GEMM deep in MXNet: fail here instead."""
+def _why_it_cannot_run(lists, converted, contexts):
+    """Why ``converted`` cannot compute on the CPU among ``contexts`` ('' where it can): float16
+    on a CPU would fail at the first GEMM, deep in MXNet."""
     on_cpu = [c for c in contexts if dtypes.is_cpu(c)]
     if not on_cpu or lists.target in CPU_TARGETS:
-        return
+        return ""
     lp_ops = op_names(converted) & set(lists.low_precision) & set(lists.no_cpu_kernel)
-    if lp_ops:
-        raise RuntimeError(
-            "%s has no CPU kernel for %s, so this %s model cannot run on %s. Pass a GPU context "
-            "(ctx=mx.gpu(0)), or use target_dtype='bfloat16' on a CPU; convert_symbol and "
-            "convert_model build the %s graph without running it."
+    if not lp_ops:
+        return ""
+    return ("%s has no CPU kernel for %s, so this %s model cannot run on %s. Run it on a GPU "
+            "(convert with ctx=mx.gpu(0), or export it for a GPU server), or use "
+            "target_dtype='bfloat16' on a CPU; convert_symbol and convert_model build the %s "
+            "graph without running it."
             % (lists.target, ", ".join(sorted(lp_ops)), lists.target, on_cpu[0], lists.target))
 
 
+def _check_device_can_run(lists, converted, contexts):
+    """A module binds at once: float16 for a CPU fails here, not deep in MXNet."""
+    why = _why_it_cannot_run(lists, converted, contexts)
+    if why:
+        raise RuntimeError(why)
+
+
 def _default_target(target_dtype, policy, contexts):
-    """``target_dtype=None``: bfloat16 for CPU contexts and float16 for GPUs (or the policy's)."""
+    """``target_dtype=None``: bfloat16 for CPU contexts and float16 for GPUs (or the policy's);
+    one log line names the pick (the reference's default is float16 everywhere)."""
     if target_dtype is not None or policy is not None:
         return target_dtype
-    return CPU_TARGETS[0] if all(dtypes.is_cpu(c) for c in contexts) else "float16"
+    picked = CPU_TARGETS[0] if all(dtypes.is_cpu(c) for c in contexts) else "float16"
+    _LOG.info("mxamp: no target_dtype given: converting to %s for %s (the reference's default "
+              "is float16, which a CPU cannot compute)", picked, ", ".join(map(str, contexts)))
+    return picked
 
 
 def _example_shapes(inputs, example_inputs):
@@ -261,8 +274,9 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
     for a block on CPU). ``target_dtype=None`` picks bfloat16 for a CPU context and float16
     for a GPU (the reference's default, float16 on gpu(0), fails on a CPU-only machine);
     ``'auto'`` picks float16 for a GPU, bfloat16 for a CPU that computes it natively and float32
-    compute on other CPUs. Converting to float16 for a CPU context raises ``RuntimeError`` (no
-    float16 convolution/GEMM kernels there). The block returned runs on ``ctx``: on a CPU
+    compute on other CPUs. A float16 conversion for a CPU context builds and exports (for a GPU
+    server); running it on a CPU raises ``RuntimeError`` (no float16 convolution/GEMM kernels
+    there). The block returned runs on ``ctx``: on a CPU
     without bfloat16 kernels (class 'none') the ops that lack one compute in float32, and one
     warning per process says so. Node names in ``excluded_sym_names`` are the graph's (e.g.
     ``'resnetv10_conv0_fwd'``, see ``mxamp.conversion.precision_pass.graph_nodes`` of the traced graph).
@@ -292,13 +306,14 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
     _say_if_shapes_are_unknown(shapes, amp_plan)
     converted = _convert(sym, lists, excluded, [i.name for i in inputs], cast_optional_params,
                          fp32_outputs, shapes)
-    _check_device_can_run(lists, converted, [ctx])
     # Typed input variables spare SymbolBlock a "cannot decide type" warning.
     typed_inputs = [mx.sym.var(i.name, dtype="float32") for i in inputs]
     typed_inputs = [v.as_np_ndarray() if isinstance(i, NumpySymbol) else v
                     for v, i in zip(typed_inputs, inputs)]
     fix_astype()  # fp32_outputs=False leaves bfloat16 oneDNN outputs to the caller's astype
     ret = ConvertedBlock(converted, typed_inputs)
+    # float16 for a CPU context builds and exports (for a GPU server); running it here refuses
+    ret.cannot_run_on_cpu = _why_it_cannot_run(lists, converted, [ctx])
     source = {p.name: p for p in block.collect_params().values()}
     wanted = param_dtypes(converted)
     for name, param in ret.collect_params().items():

@@ -28,6 +28,17 @@ class ConvertedBlock(SymbolBlock):
     True
     """
 
+    #: Why this block cannot compute on a CPU ('' where it can): a float16 conversion made for
+    #: a CPU context exports for a GPU server, and refuses to run here.
+    cannot_run_on_cpu = ""
+
+    def forward(self, x, *args):
+        """SymbolBlock's forward, after the check of :attr:`cannot_run_on_cpu`."""
+        if self.cannot_run_on_cpu and getattr(getattr(x, "context", None), "device_type",
+                                               "") == "cpu":
+            raise RuntimeError(self.cannot_run_on_cpu)
+        return super().forward(x, *args)
+
     def export(self, path, epoch=0, remove_amp_cast=False):
         """Save ``path-symbol.json`` (casts kept unless asked) and ``path-%04d.params``.
 

@@ -249,6 +249,20 @@ class OpLists:
         return expanded, conditional
 
 
+def __getattr__(name):
+    """``amp.lists.symbol``: the MXNet 1.5/1.6 name of :mod:`mxamp.lists.symbol_fp16` (GluonNLP
+    0.7/0.8 scripts use it; the 1.9.1 reference no longer has it).
+
+    >>> from mxamp import lists
+    >>> lists.symbol is lists.symbol_fp16
+    True
+    """
+    if name == "symbol":
+        import importlib
+        return importlib.import_module("mxamp.lists.symbol_fp16")
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
+
+
 def names_by_operator(names, canonical=None):
     """A function from an op name to every name among ``names`` (and itself) that runs the
     same operator: the one alias-aware grouping, for overrides and for edits to the

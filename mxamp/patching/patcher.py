@@ -23,7 +23,7 @@ import mxnet as mx  # noqa: F401 (the doctests use it)
 
 from mxamp import dtypes
 from mxamp.backend import mxnet_private as mxp, registry
-from mxamp.backend.devices import cpu_class
+from mxamp.backend.devices import cpu_class, gpu_available
 from mxamp.lists import get_op_lists
 from mxamp.patching import wrappers
 from mxamp.patching.loss_outputs import wrap_loss_output
@@ -102,20 +102,24 @@ def _apply(amp_plan):
     fix_astype()  # bfloat16 oneDNN outputs: astype through amp_cast
 
 
-def init(target_dtype="float16", target_precision_ops=None, conditional_fp32_ops=None,
-         fp32_ops=None, policy=None):
+def init(target_dtype=None, target_precision_ops=None, conditional_fp32_ops=None,
+         fp32_ops=None, layout_optimization=False, policy=None):
     """Turn on automatic mixed precision: patch MXNet's operators for ``target_dtype``.
 
     Parameters are those of ``mxnet.contrib.amp.init``: ``target_dtype`` is ``'float16'``
     (GPU) or ``'bfloat16'`` (CPU) in any spelling, or ``'auto'``: float16 where the process
-    has a GPU, bfloat16 where the CPU computes it natively (AVX512-BF16, AMX), float32 compute
-    elsewhere (with one log line saying why; AMP, and so the loss scaler's skipping of
-    non-finite steps, stays on). ``target_precision_ops``, ``fp32_ops``
+    has a GPU, bfloat16 where the CPU computes it faster than float32 (the probe), float32
+    compute elsewhere (with one log line saying why; AMP, and so the loss scaler's skipping of
+    non-finite steps, stays on). Without ``target_dtype`` it is what ``mxamp.install`` set,
+    else float16 in a process with a GPU (the reference's default) and ``'auto'`` without one
+    (one INFO line says so). ``layout_optimization`` (a GPU layout pass of NVIDIA's builds) is
+    accepted; mxamp does no such pass, and ``True`` warns once. ``target_precision_ops``, ``fp32_ops``
     (lists of op names) and ``conditional_fp32_ops`` (``(op, parameter, [values])``) replace
     the default list of their category; names appended to the reference's module lists
     (``amp.lists.symbol_fp16.FP32_FUNCS``, ...) before ``init`` take effect too. Calling
-    ``init`` again with the same arguments does nothing; with different ones it raises
-    ``RuntimeError`` (call :func:`reset` first). Hybridized blocks that already built their
+    ``init`` again with no arguments, or with the same ones, keeps the configuration in force
+    (as the reference does); other explicit arguments raise ``RuntimeError`` naming both
+    requests (call :func:`reset` first). Hybridized blocks that already built their
     graph rebuild it on their next call. ``policy`` (mxamp's, not the reference's) is a
     :class:`~mxamp.precision.policy.Policy` that :func:`mxamp.tuning.tune` chose: its target and op-list
     additions apply (a float32 policy keeps AMP on with float32 compute). Everything is decided
@@ -135,10 +139,14 @@ def init(target_dtype="float16", target_precision_ops=None, conditional_fp32_ops
     <class 'numpy.float32'>
     >>> amp.reset()
     """
+    overrides = (target_precision_ops, conditional_fp32_ops, fp32_ops, policy)
+    if STATE.patched and target_dtype is None and all(v is None for v in overrides):
+        return      # a library's own bare amp.init() keeps the configuration in force
+    _say_layout_optimization(layout_optimization)
     # the plan is made (and every argument checked) before anything changes
-    amp_plan = plan.make(target_dtype, target_precision_ops=target_precision_ops,
-                         fp32_ops=fp32_ops, conditional_fp32_ops=conditional_fp32_ops,
-                         policy=policy, default_dtype="float16")
+    amp_plan = plan.make(_requested(target_dtype, policy),
+                         target_precision_ops=target_precision_ops, fp32_ops=fp32_ops,
+                         conditional_fp32_ops=conditional_fp32_ops, policy=policy)
     arguments = (amp_plan.requested, _frozen(target_precision_ops),
                  _frozen(conditional_fp32_ops), _frozen(fp32_ops),
                  None if policy is None else repr(policy))
@@ -147,10 +155,12 @@ def init(target_dtype="float16", target_precision_ops=None, conditional_fp32_ops
             if STATE.arguments == arguments:
                 return
             raise RuntimeError(
-                "amp.init was already called with target_dtype=%r%s; a process runs one AMP "
-                "configuration. Call amp.reset() before initialising again."
-                % (STATE.plan.requested, "" if STATE.plan.requested != amp_plan.requested else
-                   " and other op-list overrides or policy"))
+                "amp.init was already called with target_dtype=%r, and this call asks for "
+                "target_dtype=%r%s; a process runs one AMP configuration. Call amp.reset() "
+                "before initialising again, or amp.init() without arguments to keep the one in "
+                "force." % (STATE.plan.requested, amp_plan.requested,
+                            "" if STATE.plan.requested != amp_plan.requested else
+                            " with other op-list overrides or policy"))
         start = time.perf_counter()
         with _collection_deferred():
             STATE.plan, STATE.arguments = amp_plan, arguments
@@ -161,6 +171,31 @@ def init(target_dtype="float16", target_precision_ops=None, conditional_fp32_ops
     amp_plan.announce()
     LOG.info("mxamp: AMP on, target %s; %d operator functions wrapped in %.1f ms",
              amp_plan.target, sum(STATE.categories.values()), STATE.init_seconds * 1e3)
+
+
+def _requested(target_dtype, policy):
+    """What ``init`` was asked for: ``target_dtype``, else ``mxamp.install``'s target, else
+    float16 where the process has a GPU (the reference's default) and 'auto' where it has none
+    (float16 would compute in float32 on a CPU)."""
+    if target_dtype is not None or policy is not None:
+        return target_dtype
+    if STATE.install_target is not None:
+        return STATE.install_target
+    if gpu_available():
+        return "float16"
+    LOG.info("mxamp: amp.init() without target_dtype in a process without a GPU means 'auto': "
+             "bfloat16 where this CPU computes it faster than float32, float32 elsewhere "
+             "(pass target_dtype='float16' for the reference's default)")
+    return dtypes.AUTO
+
+
+def _say_layout_optimization(layout_optimization):
+    """NVIDIA's MXNet builds take ``layout_optimization``; mxamp accepts it and says that it
+    does no layout pass."""
+    if layout_optimization:
+        STATE.warn_once("mxamp: amp.init(layout_optimization=True) asks for a GPU layout pass of "
+                        "NVIDIA's MXNet builds; mxamp does not do it and goes on without it.",
+                        stacklevel=4)
 
 
 def _frozen(value):

@@ -303,8 +303,9 @@ class Plan:
 
 
 def _request(target_dtype, policy, default_dtype):
-    """(request, policy) from ``target_dtype`` and a policy (whose target wins over the
-    reference's default ``default_dtype``; another explicit target is an error)."""
+    """(request, policy) from ``target_dtype`` and a policy (whose target wins where
+    ``target_dtype`` is None or the caller's default ``default_dtype``; another explicit target
+    is an error)."""
     if policy is None:
         return dtypes.normalize_request(target_dtype), None
     if not isinstance(policy, Policy):

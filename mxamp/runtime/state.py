@@ -39,6 +39,8 @@ class ProcessState:
         self.recording_casts = RecordingCastCache()
         self.symbol_dtypes = SymbolDtypes()
         self.generation = 0
+        #: what a bare ``amp.init()`` means, set by ``mxamp.install`` (kept across resets)
+        self.install_target = None
         self._clear_fields()
 
     def _clear_fields(self):
