@@ -251,3 +251,37 @@ def test_the_mxamp_run_console_script_does_the_same(tmp_path):
     proc = subprocess.run([command, str(script), "5"], capture_output=True, text=True,
                           timeout=300, cwd=str(tmp_path))
     assert proc.returncode == 5 and "IS_MXAMP True" in proc.stdout, proc.stderr[-2000:]
+
+
+GLUONNLP_MASK = """
+import sys
+import mxamp
+if sys.argv[1] == "install-first":
+    mxamp.install()
+import gluonnlp.model.attention_cell as cell   # does `from mxnet.contrib.amp import amp`
+if sys.argv[1] == "gluonnlp-first":
+    mxamp.install()
+import mxnet as mx
+from mxamp import amp
+score, mask = mx.nd.zeros((1, 1, 2)), mx.nd.array([[[1, 0]]])
+print("OFF %g" % cell._apply_mask(mx.nd, score, mask, "float32")[0, 0, 1].asscalar())
+amp.init("bfloat16")
+print("ON %g" % cell._apply_mask(mx.nd, score, mask, "float32")[0, 0, 1].asscalar())
+amp.reset()
+print("RESET %g" % cell._apply_mask(mx.nd, score, mask, "float32")[0, 0, 1].asscalar())
+"""
+
+
+@pytest.mark.parametrize("order", ["install-first", "gluonnlp-first"])
+def test_gluonnlp_attention_masks_with_an_amp_safe_value_under_mxamp(order, tmp_path):
+    """GluonNLP 0.10's attention cell fills masked scores with -1e18, or -1e4 when
+    ``amp._amp_initialized`` (-1e18 overflows in half precision). Its own ``_apply_mask``,
+    imported before or after ``mxamp.install()``, sees mxamp's init and reset."""
+    pytest.importorskip("gluonnlp", reason="the test extra installs gluonnlp==0.10.0")
+    script = tmp_path / "mask.py"
+    script.write_text(GLUONNLP_MASK)
+    proc = subprocess.run([sys.executable, str(script), order], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["OFF", "-1e+18", "ON", "-10000", "RESET", "-1e+18"], \
+        proc.stdout

@@ -28,6 +28,26 @@ from mxamp.training.scaler import LossScaler
 LOG = logging.getLogger("mxamp")
 
 
+def _scaler_field(field, convert=None):
+    """A property that reads ``self.scaler.<field>`` and sets it, converted by ``convert``
+    (which raises for a bad value), under ``self.lock``."""
+    def get(self):
+        return getattr(self.scaler, field)
+
+    def set_(self, value):
+        value = convert(value) if convert is not None else value
+        with self.lock:
+            setattr(self.scaler, field, value)
+    return property(get, set_)
+
+
+def _growth_interval(value):
+    if isinstance(value, bool) or int(value) != value or value < 1:
+        raise AmpArgumentError("_scale_seq_len (growth interval) must be an integer >= 1, "
+                               "got %r" % (value,))
+    return int(value)
+
+
 class TrainerScaler:
     """Skip-on-overflow decision and loss-scale state of one Gluon Trainer.
 
@@ -66,40 +86,15 @@ class TrainerScaler:
         """
         return self.scaler.scale
 
-    @property
-    def _loss_scale(self):
-        return self.scaler.scale
-
-    @_loss_scale.setter
-    def _loss_scale(self, value):
-        with self.lock:
-            self.scaler.scale = value
-
+    # The reference's private attributes, which scripts set: each reads and writes one field
+    # of the scaler, under the lock.
+    _loss_scale = _scaler_field("scale")
     # The reference applies a new scale one step late and keeps it in ``_next_loss_scale``;
     # here a new scale applies at once, so "next" and "current" are the same number and
     # setting either sets the scale of the next step.
     _next_loss_scale = _loss_scale
-
-    @property
-    def _unskipped(self):
-        return self.scaler.clean_steps
-
-    @_unskipped.setter
-    def _unskipped(self, value):
-        with self.lock:
-            self.scaler.clean_steps = int(value)
-
-    @property
-    def _scale_seq_len(self):
-        return self.scaler.growth_interval
-
-    @_scale_seq_len.setter
-    def _scale_seq_len(self, value):
-        if isinstance(value, bool) or int(value) != value or value < 1:
-            raise AmpArgumentError("_scale_seq_len (growth interval) must be an integer >= 1, "
-                                   "got %r" % (value,))
-        with self.lock:
-            self.scaler.growth_interval = int(value)
+    _unskipped = _scaler_field("clean_steps", int)
+    _scale_seq_len = _scaler_field("growth_interval", _growth_interval)
 
     @property
     def _max_loss_scale(self):
