@@ -17,8 +17,14 @@ REFERENCE_FUNCTIONS = list(reference.__all__) + ["convert_bucketing_module"]
 # float16, which has no CPU kernels; mxamp's None means "the block's context / its best dtype".
 # None where the reference's default cannot run here: a bare amp.init() means float16 with a GPU
 # (the reference's default) and 'auto' without one (tests/test_standin.py checks both).
+# cast_optional_params=None: a converted model stores the parameters it computes in low precision
+# there (tests/test_convert.py counts their bytes); False is still the reference's behaviour.
 CPU_SAFE_DEFAULTS = {("convert_hybrid_block", "ctx"), ("convert_hybrid_block", "target_dtype"),
-                     ("convert_bucketing_module", "target_dtype"), ("init", "target_dtype")}
+                     ("convert_bucketing_module", "target_dtype"), ("init", "target_dtype"),
+                     ("convert_symbol", "cast_optional_params"),
+                     ("convert_model", "cast_optional_params"),
+                     ("convert_hybrid_block", "cast_optional_params"),
+                     ("convert_bucketing_module", "cast_optional_params")}
 
 
 @pytest.mark.parametrize("name", REFERENCE_FUNCTIONS)

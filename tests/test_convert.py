@@ -8,6 +8,7 @@ float32 the ops this CPU has no bfloat16 kernel for: on a CPU of class 'none' it
 and gives float32's outputs exactly (tests marked ``cpu_class``).
 """
 import collections
+import os
 import warnings
 
 import mxnet as mx
@@ -158,7 +159,9 @@ def test_cast_optional_params_types_weights_in_target_dtype():
 @pytest.mark.parametrize("target", ["float16", "bfloat16"])
 def test_resnet18_graph_structure(resnet18, target):
     net, _, _ = resnet18
-    lp = convert_symbol(net._cached_graph[1], target, data_names=["data"], **FIXED_LISTS)
+    # the reference's storage (float32 weights cast in the graph), whose casts are counted here
+    lp = convert_symbol(net._cached_graph[1], target, data_names=["data"],
+                        cast_optional_params=False, **FIXED_LISTS)
     casts = cast_nodes(lp)
     by_dtype = collections.Counter(c["attrs"]["dtype"] for c in casts)
     # data + 20 conv weights + FC weight + FC bias to the target, the output back to fp32.
@@ -226,6 +229,45 @@ def test_resnet18_bf16_numerics_and_top1(resnet18):
     assert agree == x.shape[0], "top-1 agrees on %d of %d images" % (agree, x.shape[0])
     assert lp.collect_params()["resnetv10_conv0_weight"].data().context == mx.cpu(), \
         "ctx=None must keep the parameters on the block's CPU context"
+
+
+def _param_bytes(block):
+    """{dtype name: bytes} of a block's parameters, counted from the arrays themselves."""
+    out = collections.Counter()
+    for param in block.collect_params().values():
+        data = param.data()
+        out[np.dtype(data.dtype).name if np.dtype(data.dtype).names is None else "bfloat16"] += \
+            data.size * np.dtype(data.dtype).itemsize
+    return out
+
+
+@pytest.mark.cpu_class
+def test_a_converted_model_stores_what_it_computes(resnet18, tmp_path):
+    """By default (cast_optional_params=None) the weights of ops that compute in bfloat16 are
+    stored in bfloat16 where this CPU computes it (tests/bf16_expect.py: classes other than
+    'none'); BatchNorm's parameters and statistics, consumed in float32, stay float32; on class
+    'none' nothing changes. cast_optional_params=False is the reference's float32 storage."""
+    net, x, _ = resnet18
+    fp32 = _param_bytes(net)
+    stored = _param_bytes(amp.convert_hybrid_block(net, "bfloat16"))
+    reference = _param_bytes(amp.convert_hybrid_block(net, "bfloat16", cast_optional_params=False))
+    assert reference == fp32, "cast_optional_params=False keeps float32 weights: %s" % reference
+    total = sum(fp32.values())
+    if BF16_KERNELS:
+        # ResNet-18: 99.9% of its 11.7M parameters are convolution and dense weights
+        assert sum(stored.values()) <= 0.6 * total, (stored, fp32, where())
+        assert stored["float32"] > 0, "BatchNorm's parameters and statistics stay float32"
+    else:
+        assert stored == fp32, "class 'none' computes float32: nothing changes %s" % where()
+    lp = amp.convert_hybrid_block(net, "bfloat16")
+    prefix = str(tmp_path / "r18")
+    lp.export(prefix)
+    size = os.path.getsize(prefix + "-0000.params")
+    assert (size <= 0.6 * total) == BF16_KERNELS, "the .params file holds %d of %d bytes %s" % (
+        size, total, where())
+    back = mx.gluon.SymbolBlock.imports(prefix + "-symbol.json", ["data"], prefix + "-0000.params")
+    assert _param_bytes(back) == stored, "import gives back the stored dtypes"
+    assert float((back(x) - lp(x)).abs().max().asscalar()) == 0.0
 
 
 @pytest.mark.cpu_class

@@ -122,15 +122,18 @@ def _convert(sym, lists, excluded, data_names, cast_optional_params, fp32_output
 
 def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
                    conditional_fp32_ops=None, excluded_sym_names=None, data_names=None,
-                   cast_optional_params=False, fp32_outputs=True, allow_widest_overrides=False,
+                   cast_optional_params=None, fp32_outputs=True, allow_widest_overrides=False,
                    policy=None):
     """Return a mixed-precision copy of a float32 Symbol (casts inserted, the input untouched).
 
     Parameters mean what they mean in ``mxnet.contrib.amp.convert_symbol``: the three op lists
     replace mxamp's defaults for their category; ``excluded_sym_names`` are node names kept
     in float32; ``data_names`` are the inputs that carry data (default: the inputs without a
-    ``__dtype__`` attribute); ``cast_optional_params=True`` types the parameters in the target
-    dtype (recorded in their ``__dtype__`` attribute) instead of casting them in the graph.
+    ``__dtype__`` attribute); ``cast_optional_params`` types the parameters whose every consumer
+    computes in the target dtype in that dtype (recorded in their ``__dtype__`` attribute)
+    instead of casting them in the graph: ``True`` always, ``False`` never (the reference's
+    default: float32 parameters cast at every call), ``None`` (mxamp's default) where the
+    conversion computes in the target on this machine, so a model stores what it computes.
     ``fp32_outputs=False`` keeps each output in the dtype it was computed in. Naming an op of
     the widest-type list in the override lists is an ``AssertionError``, as in the reference,
     unless ``allow_widest_overrides=True``. ``conditional_fp32_ops`` puts the matching nodes
@@ -172,7 +175,18 @@ def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=
     if missing:
         raise AmpArgumentError("data_names %s are not inputs of the symbol (its inputs: %s)"
                                % (missing, ", ".join(inputs)))
-    return _convert(sym, lists, excluded, data_names, cast_optional_params, fp32_outputs)
+    return _convert(sym, lists, excluded, data_names,
+                    _stores_low_precision(cast_optional_params, amp_plan), fp32_outputs)
+
+
+def _stores_low_precision(cast_optional_params, amp_plan):
+    """``cast_optional_params`` as given, and for ``None`` (mxamp's default) True where the
+    conversion's device computes in the target: a parameter is then stored in the dtype it is
+    computed in (half the bytes), and where nothing computes in low precision (class 'none',
+    'auto' choosing float32) nothing changes."""
+    if cast_optional_params is None:
+        return amp_plan.primary.low_precision
+    return bool(cast_optional_params)
 
 
 def _cast_params(params, wanted):
@@ -182,12 +196,13 @@ def _cast_params(params, wanted):
 
 def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dtype_ops=None,
                   fp32_ops=None, conditional_fp32_ops=None, excluded_sym_names=None,
-                  cast_optional_params=False, fp32_outputs=True, allow_widest_overrides=False,
+                  cast_optional_params=None, fp32_outputs=True, allow_widest_overrides=False,
                   policy=None):
     """Convert a Symbol and its parameters; return ``(symbol, arg_params, aux_params)``.
 
     The returned dicts are new: each parameter is cast to the dtype the converted graph needs
-    (the target dtype only with ``cast_optional_params=True``); the caller's dicts are untouched.
+    (the target dtype where ``cast_optional_params`` types it so, as in
+    :func:`convert_symbol`); the caller's dicts are untouched.
 
     >>> fc = mx.sym.FullyConnected(mx.sym.var('data'), num_hidden=2, name='fc')
     >>> args = {'fc_weight': mx.nd.ones((2, 3)), 'fc_bias': mx.nd.zeros((2,))}
@@ -264,7 +279,7 @@ def _say_if_shapes_are_unknown(shapes, amp_plan):
 
 def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_ops=None,
                          conditional_fp32_ops=None, excluded_sym_names=None, ctx=None,
-                         cast_optional_params=False, example_inputs=None, fp32_outputs=True,
+                         cast_optional_params=None, example_inputs=None, fp32_outputs=True,
                          allow_widest_overrides=False, policy=None):
     """Return a mixed-precision :class:`ConvertedBlock` (a SymbolBlock) made from a HybridBlock.
 
@@ -304,8 +319,12 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
     _check_excluded(excluded, [n["name"] for n in graph_nodes(sym)])
     shapes = _example_shapes(inputs, example_inputs) or recorded_input_shapes(block)
     _say_if_shapes_are_unknown(shapes, amp_plan)
-    converted = _convert(sym, lists, excluded, [i.name for i in inputs], cast_optional_params,
-                         fp32_outputs, shapes)
+    stores = _stores_low_precision(cast_optional_params, amp_plan)
+    if cast_optional_params is None and lists.target == "bfloat16" and \
+            isinstance(sym, NumpySymbol):
+        stores = False   # MXNet 1.9.1's mx.np arrays cannot hold bfloat16 (copyto: numpy.void)
+    converted = _convert(sym, lists, excluded, [i.name for i in inputs], stores, fp32_outputs,
+                         shapes)
     # Typed input variables spare SymbolBlock a "cannot decide type" warning.
     typed_inputs = [mx.sym.var(i.name, dtype="float32") for i in inputs]
     typed_inputs = [v.as_np_ndarray() if isinstance(i, NumpySymbol) else v
@@ -325,7 +344,7 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
 
 def convert_bucketing_module(bucketing_mod, target_dtype=None, target_dtype_ops=None,
                              fp32_ops=None, conditional_fp32_ops=None, excluded_sym_names=None,
-                             cast_optional_params=False, fp32_outputs=True,
+                             cast_optional_params=None, fp32_outputs=True,
                              allow_widest_overrides=False, policy=None):
     """Convert every bucket of an initialised BucketingModule; return a new BucketingModule.
 
@@ -333,7 +352,8 @@ def convert_bucketing_module(bucketing_mod, target_dtype=None, target_dtype_ops=
     buckets first seen after the conversion are converted when they are created.
     ``target_dtype=None`` picks bfloat16 when the module runs on a CPU, float16 on GPUs;
     ``'auto'`` as in :func:`convert_hybrid_block`. Ops the module's CPU has no kernel for
-    compute in float32, as in :func:`convert_hybrid_block`.
+    compute in float32, as in :func:`convert_hybrid_block`. The buckets share their parameters,
+    so ``cast_optional_params=None`` keeps them float32 here (``True`` types them).
 
     >>> # lp_mod = convert_bucketing_module(mod, 'bfloat16'); lp_mod.bind(...); lp_mod.forward(...)
     """
@@ -356,6 +376,8 @@ def convert_bucketing_module(bucketing_mod, target_dtype=None, target_dtype_ops=
                   for key, mod in view.buckets.items()}
     _check_excluded(excluded, set().union(*per_bucket.values()))
     arg_params, aux_params = bucketing_mod.get_params()
+    # buckets share their parameters, which can have one dtype only: None keeps them float32
+    cast_optional_params = bool(cast_optional_params)
     symbols, wanted = {}, {}
     for key, mod in view.buckets.items():
         data_names = [n for n in mod.symbol.list_inputs()
