@@ -6,25 +6,14 @@ HybridBlock, or a BucketingModule) and returns a mixed-precision copy: ``amp_cas
 :mod:`mxamp.conversion.precision_pass`) following mxamp's op lists (:mod:`mxamp.lists`). The original
 model is never modified.
 
-What mxamp adds over ``mxnet.contrib.amp``:
-
-* ``convert_hybrid_block`` defaults to the block's own context (CPU on a CPU machine), not
-  ``gpu(0)``, and accepts ``example_inputs=`` for a block that has not run yet; numpy-interface
-  blocks (``mx.npx.set_np()``) convert too.
-* Ops that the op lists do not classify run in float32 (with a warning) instead of silently
-  following their input's dtype; operator names in the override lists are checked.
-* The returned block's ``export`` keeps the casts (MXNet's default strips them), so
-  ``SymbolBlock.imports`` gives back the same mixed-precision model.
-* Bad input raises ``TypeError``/``ValueError``/``RuntimeError`` naming the problem, including a
-  float16 model asked to run on a CPU, which has no float16 GEMM/convolution kernels.
-* What mxamp builds to run here (``convert_hybrid_block``, ``convert_bucketing_module`` on CPU
-  contexts) never holds an op this CPU has no kernel for: on a CPU without bfloat16 kernels
-  (class 'none', :mod:`mxamp.backend.cpu`) those ops compute in float32, with one warning per process.
-  ``convert_symbol``/``convert_model`` build exactly the graph requested: an artifact to deploy
-  on another machine, whatever this one can run.
-* ``target_dtype='auto'`` picks float16 for a GPU, bfloat16 for a CPU that computes it natively
-  (AVX512-BF16, AMX), and float32 compute elsewhere (:mod:`mxamp.precision.device_plan`; one log line says
-  why).
+What mxamp adds over ``mxnet.contrib.amp`` (``docs/migrating.md`` has the table): the block's
+own context by default, ``example_inputs=``, numpy-interface blocks; unclassified ops in
+float32, with a warning; an ``export`` that keeps the casts; weights stored in the dtype they
+compute in (``cast_optional_params=None``); clear errors, including a float16 model run on a
+CPU. What ``convert_hybrid_block`` and ``convert_bucketing_module`` build to run here never
+holds an op this CPU lacks a kernel for (class 'none': float32, one warning per process);
+``convert_symbol``/``convert_model`` build exactly the graph requested, to deploy elsewhere.
+``target_dtype='auto'`` converts for this machine (:mod:`mxamp.precision.device_plan`).
 
 >>> import mxnet as mx
 >>> from mxamp import amp
@@ -179,14 +168,17 @@ def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=
                     _stores_low_precision(cast_optional_params, amp_plan), fp32_outputs)
 
 
-def _stores_low_precision(cast_optional_params, amp_plan):
+def _stores_low_precision(cast_optional_params, amp_plan, sym=None):
     """``cast_optional_params`` as given, and for ``None`` (mxamp's default) True where the
     conversion's device computes in the target: a parameter is then stored in the dtype it is
     computed in (half the bytes), and where nothing computes in low precision (class 'none',
-    'auto' choosing float32) nothing changes."""
-    if cast_optional_params is None:
-        return amp_plan.primary.low_precision
-    return bool(cast_optional_params)
+    'auto' choosing float32) nothing changes. MXNet 1.9.1's ``mx.np`` arrays cannot hold
+    bfloat16 (``copyto``: numpy.void), so a numpy-interface block keeps float32 there."""
+    if cast_optional_params is not None:
+        return bool(cast_optional_params)
+    if amp_plan.target == "bfloat16" and isinstance(sym, NumpySymbol):
+        return False
+    return amp_plan.primary.low_precision
 
 
 def _cast_params(params, wanted):
@@ -319,12 +311,9 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
     _check_excluded(excluded, [n["name"] for n in graph_nodes(sym)])
     shapes = _example_shapes(inputs, example_inputs) or recorded_input_shapes(block)
     _say_if_shapes_are_unknown(shapes, amp_plan)
-    stores = _stores_low_precision(cast_optional_params, amp_plan)
-    if cast_optional_params is None and lists.target == "bfloat16" and \
-            isinstance(sym, NumpySymbol):
-        stores = False   # MXNet 1.9.1's mx.np arrays cannot hold bfloat16 (copyto: numpy.void)
-    converted = _convert(sym, lists, excluded, [i.name for i in inputs], stores, fp32_outputs,
-                         shapes)
+    converted = _convert(sym, lists, excluded, [i.name for i in inputs],
+                         _stores_low_precision(cast_optional_params, amp_plan, sym),
+                         fp32_outputs, shapes)
     # Typed input variables spare SymbolBlock a "cannot decide type" warning.
     typed_inputs = [mx.sym.var(i.name, dtype="float32") for i in inputs]
     typed_inputs = [v.as_np_ndarray() if isinstance(i, NumpySymbol) else v
@@ -333,13 +322,18 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
     ret = ConvertedBlock(converted, typed_inputs)
     # float16 for a CPU context builds and exports (for a GPU server); running it here refuses
     ret.cannot_run_on_cpu = _why_it_cannot_run(lists, converted, [ctx])
+    _load_params(ret, block, param_dtypes(converted), ctx)
+    return ret
+
+
+def _load_params(converted_block, block, wanted, ctx):
+    """Give ``converted_block`` the values of ``block``'s parameters, in the dtypes the
+    converted graph wants (``wanted``; float32 for the others), on ``ctx``."""
     source = {p.name: p for p in block.collect_params().values()}
-    wanted = param_dtypes(converted)
-    for name, param in ret.collect_params().items():
+    for name, param in converted_block.collect_params().items():
         value = cast(ParamView(source[name]).reduce(), wanted.get(name, "float32"))
         param.cast(value.dtype)
         ParamView(param).load(value, [ctx])
-    return ret
 
 
 def convert_bucketing_module(bucketing_mod, target_dtype=None, target_dtype_ops=None,
@@ -351,9 +345,8 @@ def convert_bucketing_module(bucketing_mod, target_dtype=None, target_dtype_ops=
     ``excluded_sym_names`` may name nodes of any bucket (a name must exist in at least one);
     buckets first seen after the conversion are converted when they are created.
     ``target_dtype=None`` picks bfloat16 when the module runs on a CPU, float16 on GPUs;
-    ``'auto'`` as in :func:`convert_hybrid_block`. Ops the module's CPU has no kernel for
-    compute in float32, as in :func:`convert_hybrid_block`. The buckets share their parameters,
-    so ``cast_optional_params=None`` keeps them float32 here (``True`` types them).
+    ``'auto'`` as in :func:`convert_hybrid_block`, whose rules apply; but the buckets share
+    their parameters, so ``cast_optional_params=None`` keeps them float32 (``True`` types them).
 
     >>> # lp_mod = convert_bucketing_module(mod, 'bfloat16'); lp_mod.bind(...); lp_mod.forward(...)
     """

@@ -152,15 +152,8 @@ def init(target_dtype=None, target_precision_ops=None, conditional_fp32_ops=None
                  None if policy is None else repr(policy))
     with STATE.lock:
         if STATE.patched:
-            if STATE.arguments == arguments:
-                return
-            raise RuntimeError(
-                "amp.init was already called with target_dtype=%r, and this call asks for "
-                "target_dtype=%r%s; a process runs one AMP configuration. Call amp.reset() "
-                "before initialising again, or amp.init() without arguments to keep the one in "
-                "force." % (STATE.plan.requested, amp_plan.requested,
-                            "" if STATE.plan.requested != amp_plan.requested else
-                            " with other op-list overrides or policy"))
+            _check_same_configuration(amp_plan, arguments)
+            return
         start = time.perf_counter()
         with _collection_deferred():
             STATE.plan, STATE.arguments = amp_plan, arguments
@@ -171,6 +164,20 @@ def init(target_dtype=None, target_precision_ops=None, conditional_fp32_ops=None
     amp_plan.announce()
     LOG.info("mxamp: AMP on, target %s; %d operator functions wrapped in %.1f ms",
              amp_plan.target, sum(STATE.categories.values()), STATE.init_seconds * 1e3)
+
+
+def _check_same_configuration(amp_plan, arguments):
+    """A second ``init`` with explicit arguments: the same ones keep the configuration in force,
+    others raise (a process runs one AMP configuration)."""
+    if STATE.arguments == arguments:
+        return
+    raise RuntimeError(
+        "amp.init was already called with target_dtype=%r, and this call asks for "
+        "target_dtype=%r%s; a process runs one AMP configuration. Call amp.reset() before "
+        "initialising again, or amp.init() without arguments to keep the one in force."
+        % (STATE.plan.requested, amp_plan.requested,
+           "" if STATE.plan.requested != amp_plan.requested else
+           " with other op-list overrides or policy"))
 
 
 def _requested(target_dtype, policy):
