@@ -35,7 +35,6 @@ except ImportError as _err:  # pragma: no cover - exercised in a subprocess test
 
 from mxamp import amp  # noqa: E402
 from mxamp.patching import patcher as _patching  # noqa: E402
-from mxamp.standin import install, is_installed, uninstall  # noqa: E402,F401
 
 # amp's names, but for the commands it loads at their first use (amp.LAZY): those come
 # through __getattr__ below, so that ``import mxamp`` does not load them.
@@ -49,10 +48,21 @@ _patching.prepare()
 __all__ = ["amp", "__version__", "install", "uninstall", "is_installed"] + list(amp.__all__)
 
 
+#: Loaded at first use, like the commands: ``python -m mxamp run`` and the few scripts that
+#: call ``mxamp.install()`` pay for the stand-in, ``import mxamp`` does not.
+_STANDIN = ("install", "uninstall", "is_installed")
+
+
 def __getattr__(name):
-    """``mxamp.tune`` and ``mxamp.accuracy_report``, from :mod:`mxamp.amp` at first use."""
+    """``mxamp.tune``, ``mxamp.accuracy_report`` (from :mod:`mxamp.amp`) and
+    ``mxamp.install``/``uninstall``/``is_installed`` (from :mod:`mxamp.standin`), at first use."""
     if name in amp.LAZY:
         return getattr(amp, name)
+    if name in _STANDIN:
+        import importlib
+        value = getattr(importlib.import_module("mxamp.standin"), name)
+        globals()[name] = value
+        return value
     raise AttributeError("module 'mxamp' has no attribute %r" % name)
 
 

@@ -93,8 +93,9 @@ def _apply(amp_plan):
                 if op_name in loss_output:
                     wrapped = wrap_loss_output(wrapped, op_name, is_symbol)
                 categories[rule.category] = categories.get(rule.category, 0) + 1
+            setattr(module, attr, wrapped)
             change((module, attr, func, wrapped))
-    patches.replace_all(changes, kind="operator")
+    patches.record(changes, kind="operator")
     hook_block_graphs()    # blocks built before rebuild: their loss outputs need the scale
     if alone:
         return
