@@ -285,3 +285,14 @@ def test_gluonnlp_attention_masks_with_an_amp_safe_value_under_mxamp(order, tmp_
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["OFF", "-1e+18", "ON", "-10000", "RESET", "-1e+18"], \
         proc.stdout
+
+
+def test_the_doctor_says_whether_mxamp_is_installed(installed):
+    from mxamp import doctor
+    facts = doctor.collect(timing=False, probe=False)
+    assert facts["installed"] is True
+    assert "mxnet.contrib.amp is mxamp" in doctor.format_report(facts)
+    mxamp.uninstall()
+    facts = doctor.collect(timing=False, probe=False)
+    assert facts["installed"] is False
+    assert "mxnet.contrib.amp is MXNet's own" in doctor.format_report(facts)
