@@ -66,6 +66,7 @@ def prepare():
             get_op_lists(target)
     mxp.reference_amp_module()
 
+
 def _apply(amp_plan):
     """Wrap every generated operator function according to the plan's rule for its op.
 

@@ -21,13 +21,9 @@ from mxnet.gluon import HybridBlock
 
 from mxamp import dtypes
 from mxamp.backend import mxnet_private as mxp
-from mxamp.runtime.casting import cast
+from mxamp.runtime.casting import array_dtype, cast
 from mxamp.runtime.patches import is_replaced, replace
 from mxamp.runtime.state import STATE
-
-# ``NDArray.dtype`` is a numpy scalar type for legacy arrays and a numpy dtype for mx.np arrays.
-_DTYPE_NAMES = dtypes.FLOAT_NAMES_BY_DTYPE
-
 
 def _float_name(dtype):
     try:
@@ -55,7 +51,7 @@ def fix_astype():
         original = cls.__dict__["astype"]
 
         def astype(self, dtype, *args, __original=original, **kwargs):
-            to, cur = _float_name(dtype), _DTYPE_NAMES.get(self.dtype)
+            to, cur = _float_name(dtype), array_dtype(self)
             if to and cur and to != cur and "bfloat16" in (to, cur):
                 return cast(self, to)
             return __original(self, dtype, *args, **kwargs)

@@ -29,7 +29,7 @@ _MISSING = object()
 #: One replaced attribute: ``setattr(owner, attribute, replacement)`` undone by putting
 #: ``original`` back (or deleting the attribute where the owner had none of its own).
 #: ``STATE.replaced`` keeps them in batches, ``(kind, [(owner, attribute, original,
-#: replacement), ...])``, one per :func:`replace_all` (``amp.init`` records ~1,900 bindings in
+#: replacement), ...])``, one per :func:`record` (``amp.init`` records ~1,900 bindings in
 #: one, at the cost of the ``setattr`` alone); :func:`replaced` returns them as ``Patch``.
 Patch = collections.namedtuple("Patch", "owner attribute original replacement kind")
 
@@ -40,17 +40,10 @@ def replace(owner, attribute, replacement, kind):
     The original is the owner's own value (``vars(owner)``), so a class attribute that is
     inherited is deleted again, not copied down, at undo.
     """
-    replace_all([(owner, attribute, vars(owner).get(attribute, _MISSING), replacement)], kind)
-
-
-def replace_all(changes, kind):
-    """:func:`replace` for each ``(owner, attribute, original, replacement)`` of ``changes``
-    (``original``: the owner's own value, which the caller has at hand), under one lock."""
-    changes = list(changes)
     with STATE.lock:
-        for owner, attribute, _, replacement in changes:
-            setattr(owner, attribute, replacement)
-        record(changes, kind)
+        original = vars(owner).get(attribute, _MISSING)
+        setattr(owner, attribute, replacement)
+        record([(owner, attribute, original, replacement)], kind)
 
 
 def record(changes, kind):
