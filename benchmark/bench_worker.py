@@ -37,6 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(1, os.path.dirname(HERE))  # the repo root, for `import mxamp`
 
+import memory_account  # noqa: E402
 from workloads import INIT_TARGETS, WORKLOADS, build_model, make_batch, make_loss  # noqa: E402
 
 MODES = ("fp32", "reference", "reference_amx", "mxamp", "mxamp_auto", "mxamp_tuned", "mxamp_o2")
@@ -140,6 +141,7 @@ def build_yolo_train_step(workload, mode, quick):
         trainer.step(data.shape[0])
         mx.nd.waitall()
         return float(loss.astype("float32").mean().asscalar())
+    step.net, step.trainer = net, trainer   # for the memory account
     return step
 
 
@@ -178,6 +180,7 @@ def build_train_step(workload, mode, quick):
         trainer.step(batch_size)
         mx.nd.waitall()
         return float(loss.mean().astype("float32").asscalar())
+    step.net, step.trainer = net, trainer   # for the memory account
     return step
 
 
@@ -205,6 +208,7 @@ def build_infer_step(workload, mode, quick):
         out = net(data)
         out.wait_to_read()
         return float(out.astype("float32").mean().asscalar())
+    step.net, step.trainer = net, None   # for the memory account
     return step
 
 
@@ -249,7 +253,13 @@ def measure(workload_name, mode, quick, steps, warmup):
         workload = WORKLOADS[workload_name]
         build = build_train_step if workload.kind == "train" else build_infer_step
         step = build(workload, mode, quick)
-        for _ in range(warmup):
+        result["baseline_mb"] = memory_account.peak_mb(sync=True)
+        before = memory_account.account(step.net, step.trainer)
+        first_mb = memory_account.step_storage_mb(step)   # the first, untimed, step
+        after = memory_account.account(step.net, step.trainer)
+        result.update(after, first_step_storage_mb=first_mb, graph_mb=first_mb - (
+            memory_account.counted_mb(after) - memory_account.counted_mb(before)))
+        for _ in range(max(warmup - 1, 0)):
             step()
         times, cpu_times = [], []
         for _ in range(steps):

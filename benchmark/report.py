@@ -126,12 +126,7 @@ def markdown(info, cells):
         row.append(_ratio_text(top / bottom if top and bottom else None))
         lines.append("| " + " | ".join(row) + " |")
 
-    lines += ["", "Peak resident memory of the process (maxrss, MB):", "",
-              "| workload | " + " | ".join(t for _, t in COLUMNS) + " |",
-              "|" + "---|" * (len(COLUMNS) + 1)]
-    for name, title in _workload_rows(cells, info.get("quick")):
-        row = [title] + [_cell(cells.get((name, mode)), "maxrss_mb", "%.0f") for mode, _ in COLUMNS]
-        lines.append("| " + " | ".join(row) + " |")
+    lines += memory_tables(cells, info.get("quick"))
 
     imports = [(INIT_TARGETS[name], mode, cells[(name, mode)]) for name in INIT_TARGETS
                for mode in ("reference", "mxamp")
@@ -158,6 +153,11 @@ def markdown(info, cells):
         met = "n/a" if value is None else ("yes" if value >= minimum else "**no**")
         lines.append("| %s | %s | >= %.2fx | %s |" % (text, _ratio_text(value) or "missing",
                                                       minimum, met))
+    for text, name, mode, base, most in MEMORY_TARGETS:
+        value = memory_ratio(cells, name, mode, base)
+        met = "n/a" if value is None else ("yes" if value <= most else "**no**")
+        lines.append("| %s (issue #25) | %s | <= %.2fx | %s |" % (
+            text, _ratio_text(value) or "missing", most, met))
     for name, target in INIT_TARGETS.items():
         cell = cells.get((name, "mxamp"), {})
         value = cell.get("median_ms")
@@ -165,6 +165,73 @@ def markdown(info, cells):
         lines.append("| mxamp's first `amp.init('%s')` (issue #11) | %s | <= %.0f ms | %s |" % (
             target, "missing" if value is None else "%.1f ms" % value, INIT_LIMIT_MS, met))
     return "\n".join(lines) + "\n"
+
+
+#: Peak memory targets: (text, workload, mode, base mode, at most this ratio).
+MEMORY_TARGETS = tuple(
+    ("%s, O2 / fp32 peak memory" % title, name, "mxamp_o2", "fp32", 1.0)
+    for name, title in (("mlp_train", "MLP training"), ("resnet18_train", "ResNet-18 training"),
+                        ("mobilenet_train", "MobileNet training"),
+                        ("transformer_train", "Transformer block training"))) + (
+    ("ResNet-50 training, O2 / fp32 peak memory", "resnet50_train", "mxamp_o2", "fp32", 0.65),
+    ("ResNet-50 training, mxamp / fp32 peak memory", "resnet50_train", "mxamp", "fp32", 0.7),
+    ("ResNet-50 training, mxamp / reference peak memory", "resnet50_train", "mxamp",
+     "reference", 1.0),
+    ("ResNet-50 converted inference, mxamp / fp32 peak memory", "resnet50_infer", "mxamp",
+     "fp32", 1.0))
+MEMORY_RATIOS = (("mxamp / fp32", "mxamp", "fp32"), ("mxamp / reference", "mxamp", "reference"),
+                 ("auto / fp32", "mxamp_auto", "fp32"), ("tuned / fp32", "mxamp_tuned", "fp32"),
+                 ("O2 / fp32", "mxamp_o2", "fp32"))
+ACCOUNT_MODES = (("fp32", "fp32"), ("reference", "reference bf16"), ("mxamp", "mxamp bf16"),
+                 ("mxamp_o2", "mxamp O2"))
+
+
+def memory_ratio(cells, workload, mode, base, key="maxrss_mb"):
+    """``mode``'s memory over ``base``'s (< 1: mxamp holds less), or None."""
+    top, bottom = (cells.get((workload, m), {}).get(key) for m in (mode, base))
+    return top / bottom if top and bottom else None
+
+
+def memory_tables(cells, quick=False):
+    """Peak memory per mode with ratios, the training delta, and where the bytes go."""
+    rows = [(name, title) for name, title in _workload_rows(cells, quick) if name in WORKLOADS]
+    lines = ["", "Peak resident memory of the process (maxrss, MB; ratios < 1 mean less "
+             "memory than the other mode):", "",
+             "| workload | " + " | ".join(t for _, t in COLUMNS) + " | "
+             + " | ".join(t for t, _, _ in MEMORY_RATIOS) + " |",
+             "|" + "---|" * (len(COLUMNS) + len(MEMORY_RATIOS) + 1)]
+    for name, title in rows:
+        row = [title] + [_cell(cells.get((name, mode)), "maxrss_mb", "%.0f") for mode, _ in COLUMNS]
+        row += [_ratio_text(memory_ratio(cells, name, m, b)) for _, m, b in MEMORY_RATIOS]
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "Above the model's baseline (peak after the model, AMP, O2's cast and tuning "
+              "were set up, before the first step): what the steps added (MB):", "",
+              "| workload | " + " | ".join(t for _, t in COLUMNS) + " |",
+              "|" + "---|" * (len(COLUMNS) + 1)]
+    for name, title in rows:
+        row = [title]
+        for mode, _ in COLUMNS:
+            cell = cells.get((name, mode), {})
+            both = cell.get("maxrss_mb"), cell.get("baseline_mb")
+            row.append("%.0f" % (both[0] - both[1]) if all(both) else "")
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "Where the bytes go (MB, `benchmark/memory_account.py`): parameters, "
+              "gradients and optimizer state (float32 masters included) counted from the "
+              "arrays; mxamp's float32 workspace; graph = what MXNet's storage grew by in the "
+              "first step beyond those arrays (activations kept for backward, cast copies, "
+              "workspaces):", "",
+              "| workload | mode | parameters | gradients | optimizer | workspace | graph | "
+              "baseline | peak |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, title in rows:
+        for mode, label in ACCOUNT_MODES:
+            cell = cells.get((name, mode), {})
+            if "params_mb" not in cell:
+                continue
+            lines.append("| %s | %s | %s |" % (title, label, " | ".join(
+                "%.0f" % cell[k] if cell.get(k) is not None else "" for k in (
+                    "params_mb", "grads_mb", "optimizer_mb", "workspace_mb", "graph_mb",
+                    "baseline_mb", "maxrss_mb"))))
+    return lines
 
 
 def bar_chart(cells, path):

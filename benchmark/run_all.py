@@ -32,6 +32,9 @@ INIT_MODES = ("reference", "mxamp")
 STEPS = {"mlp_train": (10, 3), "resnet18_train": (10, 3), "resnet50_train": (3, 1),
          "mobilenet_train": (5, 2), "yolo3_train": (5, 2),
          "transformer_train": (5, 2), "resnet18_infer": (10, 3), "resnet50_infer": (6, 2)}
+#: The memory account's fields (benchmark/memory_account.py), medians over the repeats.
+ACCOUNT_KEYS = ("params_mb", "grads_mb", "optimizer_mb", "workspace_mb", "graph_mb",
+                "first_step_storage_mb")
 OVERFLOW_SCRIPT = os.path.join(HERE, "bench_overflow.py")
 
 
@@ -175,6 +178,12 @@ def summarize(runs):
                         maxrss_mb=max(r.get("maxrss_mb", 0) for r in ok),
                         median_cpu_ms=statistics.median(r.get("median_cpu_ms", 0) for r in ok),
                         loadavg=statistics.median(r.get("loadavg", 0) for r in ok))
+            for key_mb in ACCOUNT_KEYS:
+                values = [r[key_mb] for r in ok if r.get(key_mb) is not None]
+                if values:
+                    cell[key_mb] = statistics.median(values)
+            if any("baseline_mb" in r for r in ok):
+                cell["baseline_mb"] = max(r.get("baseline_mb", 0) for r in ok)
             policies = sorted({r["policy"] for r in ok if r.get("policy")})
             if policies:
                 cell["policy"] = " / ".join(policies)

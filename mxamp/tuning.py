@@ -43,6 +43,8 @@ from mxamp.lists.conditions import Condition
 from mxamp.backend.mxnet_private import ParamView
 from mxamp.precision.policy import FLOAT32, Policy, format_table
 from mxamp.backend.graphs import data_shapes_of, graph_nodes
+from mxamp.backend.heap import release_free_memory
+from mxamp.runtime.casting import cast
 from mxamp.backend.timing import time_calls
 
 #: A candidate must beat float32 by this margin to be kept (timing noise on small steps).
@@ -120,7 +122,10 @@ def candidates(net, example, target, train=True):
 
 
 class _Snapshot:
-    """Every parameter's data and gradient (BatchNorm statistics included), to restore."""
+    """What timing a policy changes in the model, to restore: the gradients that hold values
+    and every parameter that takes no gradient (BatchNorm's running statistics). Forward and
+    backward passes never write the other weights, so they are not copied (a copy of every
+    weight and gradient doubled the model's memory while tuning)."""
 
     def __init__(self, net):
         self.saved = []
@@ -128,19 +133,31 @@ class _Snapshot:
             view = ParamView(param)
             if view.data is None:
                 continue
-            data = [d.copy() for d in view.data]
-            grad = [g.copy() for g in view.grad] if view.grad is not None else None
+            data = [d.copy() for d in view.data] if param.grad_req == "null" else None
+            grad = None
+            if view.grad is not None:
+                # None: all zero (a fresh model's), restored by zeroing, nothing kept
+                grad = [None if _all_zero(g) else g.copy() for g in view.grad]
             self.saved.append((view, data, grad))
 
     def restore(self):
-        """Copy the saved values back into the model's own arrays."""
+        """Put the saved values back into the model's own arrays, and forget them."""
         for view, data, grad in self.saved:
-            for dst, src in zip(view.data, data):
+            for dst, src in zip(view.data, data or ()):
                 src.copyto(dst)
-            if grad is not None:
-                for dst, src in zip(view.grad, grad):
+            for dst, src in zip(view.grad or (), grad or ()):
+                if src is None:
+                    dst[:] = 0
+                else:
                     src.copyto(dst)
         mx.nd.waitall()
+        self.saved = []
+
+
+def _all_zero(array):
+    if array.stype != "default":
+        return False
+    return float(cast(array.abs().max(), "float32").asscalar()) == 0.0
 
 
 def _step_fn(net, example, loss_fn, train):
@@ -315,11 +332,13 @@ def _time_policies(net, batch, policies, loss_fn, train, steps, profile, target,
             fastest = min((r["ms"] for r in rows), default=math.inf)
             ms, top = _time_policy(policy, step, steps, profile,
                                    give_up_ms=RACE_MARGIN * fastest)
+            release_free_memory()   # the next trial reuses pages, not the heap's high mark
             rows.append({"name": policy.name, "ms": round(ms, 2), "top_ops": top})
             timed.append(policy)
     finally:
         patching.reset()
         snapshot.restore()
+        release_free_memory()
     return rows, timed
 
 

@@ -150,12 +150,21 @@ def test_real_tune_on_this_machine_leaves_the_model_untouched():
     y = mx.nd.array([0, 1, 2, 3])
     loss = mx.gluon.loss.SoftmaxCrossEntropyLoss()
     net(X)
-    before = {k: v.data().asnumpy().copy() for k, v in net.collect_params().items()}
+    params = net.collect_params()
+    with mx.autograd.record():    # one parameter holds a gradient, the others zeros
+        first = list(params.values())[0]
+        mx.autograd.backward(first.data().sum() * 3)
+    before = {k: v.data().asnumpy().copy() for k, v in params.items()}
+    grads = {k: v.grad().asnumpy().copy() for k, v in params.items() if v.grad_req != "null"}
+    assert np.all(grads[first.name] == 3) and not any(g.any() for k, g in grads.items()
+                                                       if k != first.name)
     out = io.StringIO()
     policy = amp.tune(net, X, loss_fn=lambda o: loss(o, y), report=out)
-    after = {k: v.data().asnumpy() for k, v in net.collect_params().items()}
+    after = {k: v.data().asnumpy() for k, v in params.items()}
     assert all(np.array_equal(before[k], after[k]) for k in before), (
         "tuning ran forward/backward passes but must restore weights and BatchNorm statistics")
+    assert all(np.array_equal(grads[k], params[k].grad().asnumpy()) for k in grads), (
+        "tuning must give back every gradient as it found it (zero or not)")
     rows = policy.table
     assert rows[0]["name"] == "float32" and all(r["ms"] > 0 for r in rows), rows
     assert sum(1 for r in rows if r.get("chosen")) == 1

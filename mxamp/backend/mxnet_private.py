@@ -259,6 +259,7 @@ class ParamView(_View):
     data = _Attribute("_data")
     grad = _Attribute("_grad")
     dtype = _Attribute("_dtype")
+    var = _Attribute("_var")   # the Symbol variable graphs use, declared with the dtype
     deferred_init = _Attribute("_deferred_init")
 
     def reduce(self):

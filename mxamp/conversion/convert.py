@@ -38,8 +38,9 @@ from mxamp.precision import plan
 from mxamp.runtime.casting import cast
 from mxamp.runtime.hooks import fix_astype, recorded_input_shapes
 from mxamp.errors import AmpArgumentError, as_input_tuple, check_name_list
-from mxamp.conversion.graph import ConvertedBlock, block_context, trace_graph
-from mxamp.backend.mxnet_private import BucketingView, NumpySymbol, ParamView
+from mxamp.conversion.graph import (ConvertedBlock, block_context,  # noqa: F401 - re-exported
+                                    inference_block, trace_graph)
+from mxamp.backend.mxnet_private import BucketingView, NumpySymbol
 from mxamp.backend.graphs import CAST_OPS, graph_nodes, op_names, param_dtypes
 from mxamp.conversion.precision_pass import conditional_fp32_nodes, reduce_precision
 
@@ -287,6 +288,9 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
     without bfloat16 kernels (class 'none') the ops that lack one compute in float32, and one
     warning per process says so. Node names in ``excluded_sym_names`` are the graph's (e.g.
     ``'resnetv10_conv0_fwd'``, see ``mxamp.conversion.precision_pass.graph_nodes`` of the traced graph).
+    The block returned is an inference model: its parameters have ``grad_req='null'`` (no
+    gradient buffers; set ``p.grad_req = 'write'`` to fine-tune it) and it is hybridized with
+    ``static_alloc=True``.
 
     >>> net = mx.gluon.nn.Dense(2, in_units=3)
     >>> net.initialize()
@@ -319,21 +323,8 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
     typed_inputs = [v.as_np_ndarray() if isinstance(i, NumpySymbol) else v
                     for v, i in zip(typed_inputs, inputs)]
     fix_astype()  # fp32_outputs=False leaves bfloat16 oneDNN outputs to the caller's astype
-    ret = ConvertedBlock(converted, typed_inputs)
-    # float16 for a CPU context builds and exports (for a GPU server); running it here refuses
-    ret.cannot_run_on_cpu = _why_it_cannot_run(lists, converted, [ctx])
-    _load_params(ret, block, param_dtypes(converted), ctx)
-    return ret
-
-
-def _load_params(converted_block, block, wanted, ctx):
-    """Give ``converted_block`` the values of ``block``'s parameters, in the dtypes the
-    converted graph wants (``wanted``; float32 for the others), on ``ctx``."""
-    source = {p.name: p for p in block.collect_params().values()}
-    for name, param in converted_block.collect_params().items():
-        value = cast(ParamView(source[name]).reduce(), wanted.get(name, "float32"))
-        param.cast(value.dtype)
-        ParamView(param).load(value, [ctx])
+    return inference_block(converted, typed_inputs, block, ctx,
+                           _why_it_cannot_run(lists, converted, [ctx]))
 
 
 def convert_bucketing_module(bucketing_mod, target_dtype=None, target_dtype_ops=None,

@@ -114,10 +114,10 @@ def init(target_dtype=None, target_precision_ops=None, conditional_fp32_ops=None
     compute elsewhere (with one log line saying why; AMP, and so the loss scaler's skipping of
     non-finite steps, stays on). Without ``target_dtype`` it is what ``mxamp.install`` set,
     else float16 in a process with a GPU (the reference's default) and ``'auto'`` without one
-    (one INFO line says so). ``layout_optimization`` (a GPU layout pass of NVIDIA's builds) is
-    accepted; mxamp does no such pass, and ``True`` warns once. ``target_precision_ops``, ``fp32_ops``
-    (lists of op names) and ``conditional_fp32_ops`` (``(op, parameter, [values])``) replace
-    the default list of their category; names appended to the reference's module lists
+    (one INFO line says so). ``layout_optimization`` (NVIDIA's GPU layout pass) is accepted;
+    mxamp has no such pass, and ``True`` warns once. ``target_precision_ops``, ``fp32_ops`` (op
+    names) and ``conditional_fp32_ops`` (``(op, parameter, [values])``) replace the default
+    list of their category; names appended to the reference's module lists
     (``amp.lists.symbol_fp16.FP32_FUNCS``, ...) before ``init`` take effect too. Calling
     ``init`` again with no arguments, or with the same ones, keeps the configuration in force
     (as the reference does); other explicit arguments raise ``RuntimeError`` naming both
@@ -141,8 +141,8 @@ def init(target_dtype=None, target_precision_ops=None, conditional_fp32_ops=None
     <class 'numpy.float32'>
     >>> amp.reset()
     """
-    overrides = (target_precision_ops, conditional_fp32_ops, fp32_ops, policy)
-    if STATE.patched and target_dtype is None and all(v is None for v in overrides):
+    if STATE.patched and target_dtype is None and all(v is None for v in (
+            target_precision_ops, conditional_fp32_ops, fp32_ops, policy)):
         return      # a library's own bare amp.init() keeps the configuration in force
     _say_layout_optimization(layout_optimization)
     # the plan is made (and every argument checked) before anything changes
@@ -344,9 +344,5 @@ def disabled():
     <class 'numpy.float32'>
     >>> amp.reset()
     """
-    local = STATE.thread_local()     # a reset meanwhile must not unbalance a fresh state
-    local.disabled = getattr(local, "disabled", 0) + 1
-    try:
+    with STATE.disabled_region():
         yield
-    finally:
-        local.disabled -= 1

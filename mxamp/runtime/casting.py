@@ -98,6 +98,58 @@ def cast_into(x, out):
     _ND_AMP_CAST(x, dtype=out.dtype, out=out)
 
 
+class Float32Workspace:
+    """One float32 buffer per device, reused for the float32 copies of low-precision arrays that
+    are needed only for the length of one kernel (an optimizer update on a float32 master, a
+    finite check).
+
+    Casting every gradient of a model to float32 at once costs 4 B per parameter for a moment,
+    and the allocator keeps that peak long after; writing each copy into this buffer costs 4 B
+    per element of the largest array, once. Every user of a view shares the buffer's engine
+    variable, so MXNet runs a cast into it only after the previous reader is done (on every
+    device). Cast, then use the view, before the next cast into it.
+
+    >>> ws = Float32Workspace()
+    >>> view = ws.view(mx.cpu(), (2, 3)); view.shape, view.dtype
+    ((2, 3), <class 'numpy.float32'>)
+    >>> ws.view(mx.cpu(), (4,)).size, len(ws)   # one buffer, grown only when too small
+    (4, 1)
+    """
+
+    def __init__(self):
+        self._buffers = {}
+        self._lock = threading.Lock()
+
+    def __len__(self):
+        return len(self._buffers)
+
+    def reserve(self, context, size):
+        """The 1-D buffer on ``context``, at least ``size`` elements long."""
+        with self._lock:
+            held = self._buffers.get(context)
+            if held is None or held.size < size:
+                held = self._buffers[context] = mx.nd.empty((max(size, 1),), ctx=context,
+                                                            dtype="float32")
+            return held
+
+    def view(self, context, shape, offset=0):
+        """A float32 view of ``shape`` into the buffer, starting at element ``offset``."""
+        size = 1
+        for extent in shape:
+            size *= extent
+        buffer = self.reserve(context, offset + size)
+        return buffer[offset:offset + size].reshape(shape)
+
+    def clear(self):
+        """Free the buffers (``amp.reset``)."""
+        with self._lock:
+            self._buffers = {}
+
+
+#: The process's float32 workspace, shared by the optimizer and the finite checks.
+WORKSPACE = Float32Workspace()
+
+
 #: The name of :func:`cast` for NDArrays in mxamp 0.1.0.
 cast_ndarray = cast
 

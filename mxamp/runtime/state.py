@@ -19,12 +19,13 @@ replaced by fresh ones; a region that began before a reset ends on the object it
 >>> STATE.summary()['patched']
 False
 """
+import contextlib
 import threading
 import warnings
 import weakref
 
 from mxamp.backend.mxnet_private import TrainerView
-from mxamp.runtime.casting import RecordingCastCache, SymbolDtypes
+from mxamp.runtime.casting import WORKSPACE, RecordingCastCache, SymbolDtypes
 
 
 class ProcessState:
@@ -79,9 +80,20 @@ class ProcessState:
             self._clear_fields()
             self.recording_casts.clear()
             self.symbol_dtypes.clear()
+            WORKSPACE.clear()
             self.generation += 1
 
     # ----- per thread -----
+    @contextlib.contextmanager
+    def disabled_region(self):
+        """A region of this thread where AMP casts nothing (``amp.disabled()``)."""
+        local = self.thread_local()     # a reset meanwhile must not unbalance a fresh state
+        local.disabled = getattr(local, "disabled", 0) + 1
+        try:
+            yield
+        finally:
+            local.disabled -= 1
+
     def disabled_depth(self):
         """How many ``amp.disabled()`` regions this thread is inside."""
         return getattr(self.local, "disabled", 0)

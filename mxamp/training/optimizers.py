@@ -6,10 +6,15 @@ MXNet's optimizers keep a float32 master copy only for float16 weights
 bfloat16 weights ("Unknown type enum 12"). For bfloat16 weights mxamp therefore always keeps
 a float32 master copy, whatever ``multi_precision`` says (there is no working alternative):
 
-1. the bfloat16 gradient is cast to float32;
+1. the bfloat16 gradient is cast to float32, into the shared float32 workspace
+   (:data:`mxamp.runtime.casting.WORKSPACE`), a chunk at a time;
 2. the optimizer's own float32 update runs on the master copy (aggregated
    ``multi_sgd_mom_update`` / ``multi_lamb_update`` etc. where MXNet aggregates);
 3. the master copy is cast once into the bfloat16 weight.
+
+Per parameter that is 2 B (weight) + 2 B (gradient) + 4 B (master) + the optimizer's float32
+state (4 B for SGD momentum, 8 B for Adam): 12 B with momentum, float32's 4 + 4 + 4. The
+workspace adds 4 B per element of the largest parameter, once.
 
 float16 weights are left to MXNet (pass ``multi_precision=True`` to the optimizer).
 
@@ -27,7 +32,7 @@ True
 from mxnet.optimizer import Updater
 
 from mxamp import dtypes
-from mxamp.runtime.casting import cast, cast_into
+from mxamp.runtime.casting import WORKSPACE, cast, cast_into
 from mxamp.backend.mxnet_private import TrainerView, set_optimizer_device
 
 #: First element of a bfloat16 parameter's updater state (marks mxamp's layout).
@@ -83,25 +88,46 @@ class MasterWeightUpdater(Updater):
     def _update_bf16(self, entries):
         device = entries[0][2].context.device_id
         set_optimizer_device(self.optimizer, device)
+        step = max(self.optimizer.aggregate_num if self.aggregate_updates else 1, 1)
+        # The float32 gradients go to the shared workspace, one chunk at a time: 4 B per
+        # element of the largest parameter, reused every step, instead of 4 B per parameter.
+        budget = max(weight.size for _, _, weight in entries)
+        for chunk in _chunks(entries, step, budget):
+            self._update_chunk(chunk)
+
+    def _update_chunk(self, entries):
         indices, masters, grads32, inner = [], [], [], []
+        offset = 0
         for index, grad, weight in entries:
             _, master, state = self._master_state(index, weight)
+            view = WORKSPACE.view(grad.context, grad.shape, offset)
+            offset += grad.size
+            cast_into(grad, view)
             indices.append(index)
             masters.append(master)
-            grads32.append(cast(grad, "float32"))
+            grads32.append(view)
             inner.append(state)
-        step = self.optimizer.aggregate_num if self.aggregate_updates else 1
-        step = max(step, 1)
-        for start in range(0, len(indices), step):
-            chunk = slice(start, start + step)
-            if step == 1:
-                self.optimizer.update(indices[start], masters[start], grads32[start],
-                                      inner[start])
-            else:
-                self.optimizer.update(indices[chunk], masters[chunk], grads32[chunk],
-                                      inner[chunk])
+        if len(indices) == 1:
+            self.optimizer.update(indices[0], masters[0], grads32[0], inner[0])
+        else:
+            self.optimizer.update(indices, masters, grads32, inner)
         for (_, _, weight), master in zip(entries, masters):
             cast_into(master, weight)
+
+
+def _chunks(entries, most, budget):
+    """``entries`` in runs of at most ``most`` whose sizes add up to at most ``budget``
+    (MXNet's aggregated kernels for the small parameters, the big ones one at a time)."""
+    chunk, used = [], 0
+    for entry in entries:
+        size = entry[2].size
+        if chunk and (len(chunk) == most or used + size > budget):
+            yield chunk
+            chunk, used = [], 0
+        chunk.append(entry)
+        used += size
+    if chunk:
+        yield chunk
 
 
 def master_weight(updater, index):

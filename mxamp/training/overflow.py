@@ -16,6 +16,8 @@ cost ~270 ms on ResNet-50's 25.6 M gradient values. Here every array is read onc
   element by element in software (``all_finite`` on float16 is ~7x slower than cast +
   float32 check on this CPU), ``multi_sum_sq`` accumulates float16 in float16 (any value
   above 256 would look like an overflow), and ``all_finite``/``multi_sum_sq`` reject bf16.
+  A large one is cast into the shared float32 workspace and checked there before the next is
+  cast, so the check never holds a float32 copy of every gradient at once.
 
 All per-array results are gathered into one small float32 vector and copied to the host once.
 Which array takes which path costs ~20 us of Python per array to work out;
@@ -37,7 +39,7 @@ import mxnet as mx
 import numpy as np
 
 from mxamp import dtypes
-from mxamp.runtime.casting import cast
+from mxamp.runtime.casting import WORKSPACE, cast, cast_into
 
 # The operator functions as MXNet ships them, captured when mxamp is imported (before
 # amp.init can wrap them): the checks must see the gradients exactly as they are.
@@ -118,15 +120,36 @@ class _Plan:
     def launch(self, arrays):
         """Queue the checks; return the per-array result vectors in :attr:`order`."""
         ready = [_dense(a) for a in arrays]
-        ready = [cast(a, "float32") if needs else a for a, needs in zip(ready, self.needs_cast)]
-        for i, columns in self.probed.items():
-            zero = self.zeros[ready[i].context][:columns].reshape((1, columns))  # a view
-            ready[i] = _ND.fully_connected(ready[i].reshape((-1, columns)), zero,
-                                           no_bias=True, num_hidden=1)
-        vectors = [_ND.all_finite(ready[i]) for i in self.flagged]
-        vectors += [_ND.multi_sum_sq(*[ready[i] for i in chunk], num_arrays=len(chunk))
+        checked = {}
+        for i in self.flagged + list(self.probed):
+            ready[i] = self._float32(ready[i], i, through_workspace=True)
+            checked[i] = self._reduce(i, ready[i])
+        ready = [self._float32(a, i) for i, a in enumerate(ready)]
+        vectors = [checked[i] for i in self.flagged]
+        vectors += [_ND.multi_sum_sq(*[checked.get(i, ready[i]) for i in chunk],
+                                     num_arrays=len(chunk))
                     for chunk in self.summed]
         return vectors
+
+    def _float32(self, array, i, through_workspace=False):
+        # A large low-precision array is cast into the shared workspace and checked before the
+        # next one is cast there: 4 B per element of the largest array, not of all of them.
+        if not self.needs_cast[i] or array.dtype == np.float32:
+            return array
+        if not through_workspace:
+            return cast(array, "float32")
+        view = WORKSPACE.view(array.context, array.shape)
+        cast_into(array, view)
+        return view
+
+    def _reduce(self, i, array):
+        """A large array's check: its probe column, or its ``all_finite`` flag."""
+        columns = self.probed.get(i)
+        if columns is None:
+            return _ND.all_finite(array)
+        zero = self.zeros[array.context][:columns].reshape((1, columns))  # a view
+        return _ND.fully_connected(array.reshape((-1, columns)), zero, no_bias=True,
+                                   num_hidden=1)
 
 
 def _gather_to_host(vectors):

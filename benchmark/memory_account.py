@@ -1,0 +1,114 @@
+"""Where a benchmark process's bytes go: counted arrays, MXNet's storage counter, peak RSS.
+
+``bench_worker.py`` calls these after its timed steps, so the accounting never perturbs a
+timing. Three sources, each honest about what it sees:
+
+* ``peak_mb``: the process's peak resident memory (``ru_maxrss``), what a user's machine
+  sees. It includes memory the C allocator keeps after MXNet freed it.
+* ``account``: exact bytes of the arrays the model and the trainer hold, counted from their
+  shapes and dtypes: parameters, gradients, optimizer state (float32 masters included) and
+  mxamp's float32 workspace.
+* ``step_storage_mb``: how far the first step grows MXNet's own storage above its start
+  (MXNet's storage profiler, its ``Memory: cpu/0`` counter, which sees every allocation and
+  free). Minus what ``account`` counts new after that step (optimizer state, masters,
+  workspace, parameters initialised late), what remains is what the step's graph holds or
+  passes through at its peak: activations kept for backward, cast copies, workspaces.
+  MXNet's profiler finishes one trace per process, so the worker profiles its first
+  (untimed) step only.
+"""
+import json
+import os
+import resource
+import tempfile
+
+import numpy as np
+
+MB = float(2 ** 20)
+
+
+def peak_mb(sync=False):
+    """The process's peak resident memory so far, in MB (``sync``: after MXNet's queued work)."""
+    if sync:
+        import mxnet as mx
+        mx.nd.waitall()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _bytes(array):
+    import mxnet as mx
+    if not isinstance(array, mx.nd.NDArray):
+        return 0
+    return array.size * np.dtype(array.dtype).itemsize
+
+
+def _state_bytes(state):
+    if isinstance(state, (list, tuple)):
+        return sum(_state_bytes(s) for s in state)
+    return _bytes(state)
+
+
+def counted_mb(row):
+    """The MB an :func:`account` row counts in arrays."""
+    return sum(row.get(k, 0.0) for k in ("params_mb", "grads_mb", "optimizer_mb",
+                                         "workspace_mb"))
+
+
+def account(net, trainer=None):
+    """MB held by ``net``'s parameters (by dtype), their gradients, the trainer's optimizer
+    state and mxamp's workspace."""
+    params = list(net.collect_params().values())
+    by_dtype = {}
+    grads = 0
+    for param in params:
+        try:
+            data = param.list_data()
+        except Exception:  # noqa: BLE001 - a parameter never initialised holds nothing
+            continue
+        for array in data:
+            name = "bfloat16" if array.dtype == np.dtype([("bfloat16", "<u2")]) else \
+                np.dtype(array.dtype).name
+            by_dtype[name] = by_dtype.get(name, 0) + _bytes(array)
+        if param.grad_req != "null":
+            grads += sum(_bytes(g) for g in param.list_grad())
+    row = {"params_mb": sum(by_dtype.values()) / MB, "grads_mb": grads / MB,
+           "params_by_dtype_mb": {k: round(v / MB, 2) for k, v in by_dtype.items()},
+           "param_count": sum(p.data().size for p in params if _initialised(p))}
+    if trainer is not None:
+        states = [s for u in getattr(trainer, "_updaters", []) for s in u.states.values()]
+        row["optimizer_mb"] = sum(_state_bytes(s) for s in states) / MB
+    try:
+        from mxamp.runtime.casting import WORKSPACE
+        row["workspace_mb"] = sum(_bytes(b) for b in WORKSPACE._buffers.values()) / MB
+    except ImportError:
+        pass
+    return row
+
+
+def _initialised(param):
+    try:
+        param.data()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def step_storage_mb(step):
+    """MB by which MXNet's storage grows above its start while ``step`` runs once."""
+    import mxnet as mx
+    mx.nd.waitall()
+    handle, path = tempfile.mkstemp(suffix=".json")
+    os.close(handle)
+    mx.profiler.set_config(profile_memory=True, filename=path)
+    mx.profiler.set_state("run")
+    try:
+        step()
+        mx.nd.waitall()
+    finally:
+        mx.profiler.set_state("stop")
+        mx.profiler.dump()   # MXNet finishes a trace once per process: call this last
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    os.remove(path)
+    counter = sorted((e for e in events if e.get("ph") == "C"
+                      and e["name"].startswith("Memory: cpu")), key=lambda e: e["ts"])
+    return max([e["args"][e["name"]] for e in counter] or [0]) / MB
