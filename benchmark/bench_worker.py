@@ -257,8 +257,10 @@ def measure(workload_name, mode, quick, steps, warmup):
         before = memory_account.account(step.net, step.trainer)
         first_mb = memory_account.step_storage_mb(step)   # the first, untimed, step
         after = memory_account.account(step.net, step.trainer)
-        result.update(after, first_step_storage_mb=first_mb, graph_mb=first_mb - (
-            memory_account.counted_mb(after) - memory_account.counted_mb(before)))
+        result.update(after, first_step_storage_mb=first_mb)
+        if first_mb is not None:
+            result["graph_mb"] = first_mb - (memory_account.counted_mb(after)
+                                             - memory_account.counted_mb(before))
         for _ in range(max(warmup - 1, 0)):
             step()
         times, cpu_times = [], []

@@ -93,7 +93,8 @@ def _initialised(param):
 
 
 def step_storage_mb(step):
-    """MB by which MXNet's storage grows above its start while ``step`` runs once."""
+    """MB by which MXNet's storage grows above its start while ``step`` runs once (None where
+    MXNet wrote no trace)."""
     import mxnet as mx
     mx.nd.waitall()
     handle, path = tempfile.mkstemp(suffix=".json")
@@ -106,9 +107,13 @@ def step_storage_mb(step):
     finally:
         mx.profiler.set_state("stop")
         mx.profiler.dump()   # MXNet finishes a trace once per process: call this last
-    with open(path) as f:
-        events = json.load(f)["traceEvents"]
-    os.remove(path)
+    try:
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    except ValueError:     # a process whose profiler ran before (amp.tune's) writes no trace
+        return None
+    finally:
+        os.remove(path)
     counter = sorted((e for e in events if e.get("ph") == "C"
                       and e["name"].startswith("Memory: cpu")), key=lambda e: e["ts"])
     return max([e["args"][e["name"]] for e in counter] or [0]) / MB

@@ -36,7 +36,7 @@ except ImportError as _err:  # pragma: no cover - exercised in a subprocess test
 from mxamp import amp  # noqa: E402
 from mxamp.patching import patcher as _patching  # noqa: E402
 
-# amp's names, but for the commands it loads at their first use (amp.LAZY): those come
+# amp's names, but for those it loads at their first use (amp.LAZY): those come
 # through __getattr__ below, so that ``import mxamp`` does not load them.
 globals().update({_name: getattr(amp, _name) for _name in amp.__all__
                   if _name not in amp.LAZY})

@@ -12,13 +12,10 @@ import importlib
 import sys
 
 from mxamp import dtypes, lists
-from mxamp.conversion.convert import (convert_bucketing_module, convert_hybrid_block,
-                                      convert_model, convert_symbol)
 from mxamp.backend.cpu import cpu_features
 from mxamp.precision.plan import precision_plan
 from mxamp.lists import symbol_bf16, symbol_fp16
 from mxamp.precision.resolve import lists_for
-from mxamp.conversion.o2 import cast_model
 from mxamp.patching.patcher import (disabled, init, is_initialized, op_lists, patch_state,
                                     precision_of, reset, target_dtype)
 from mxamp.patching import loss_outputs
@@ -37,13 +34,20 @@ __all__ = [
     "tune", "Policy",
 ]
 
-#: The commands' entry points (rank 6), loaded at their first use: a training script rarely
-#: calls them, and loading them cost ~5 ms of ``import mxamp``.
-LAZY = {"tune": "mxamp.tuning", "accuracy_report": "mxamp.compare"}
+#: Loaded at their first use: the commands' entry points (rank 6), which a training script
+#: rarely calls (loading them cost ~5 ms of ``import mxamp``), and the conversion unit, which
+#: a training script calls once if at all (its five modules are most of what the subpackages
+#: added to ``import mxamp``, issue #23).
+LAZY = {"tune": "mxamp.tuning", "accuracy_report": "mxamp.compare",
+        "convert_symbol": "mxamp.conversion.convert", "convert_model": "mxamp.conversion.convert",
+        "convert_hybrid_block": "mxamp.conversion.convert",
+        "convert_bucketing_module": "mxamp.conversion.convert",
+        "cast_model": "mxamp.conversion.o2"}
 
 
 def __getattr__(name):
-    """``amp.tune`` and ``amp.accuracy_report``, imported when first asked for; and the
+    """The :data:`LAZY` names (``amp.tune``, ``amp.convert_hybrid_block``, ...), imported when
+    first asked for; and the
     reference's ``amp._amp_initialized`` (GluonNLP reads it) and ``amp.amp`` (its module path,
     ``from mxnet.contrib.amp import amp``), for code that ``mxamp.install()`` points here.
 

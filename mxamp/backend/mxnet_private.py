@@ -255,7 +255,7 @@ class ParamView(_View):
     """The private state of a ``gluon.Parameter``: its arrays, dtype and deferred init."""
 
     OWNER = "mxnet.gluon.Parameter"
-    METHODS = ("_reduce", "_load_init")
+    METHODS = ("_reduce", "_load_init", "_finish_deferred_init")
     data = _Attribute("_data")
     grad = _Attribute("_grad")
     dtype = _Attribute("_dtype")
@@ -269,6 +269,10 @@ class ParamView(_View):
     def load(self, value, contexts):
         """Set the value on ``contexts``, completing deferred initialisation."""
         self.obj._load_init(value, contexts)
+
+    def finish_deferred_init(self):
+        """Allocate and initialise a parameter whose shape is now known."""
+        self.obj._finish_deferred_init()
 
 
 class BucketingView(_View):

@@ -152,10 +152,10 @@ def _load_params(converted_block, block, wanted, ctx):
     converted graph wants (``wanted``; float32 for the others), on ``ctx``."""
     source = {p.name: p for p in block.collect_params().values()}
     for name, param in converted_block.collect_params().items():
-        arrays = source[name].list_data()
-        # one context: cast its array directly (reduce() would make a float32 copy first)
-        whole = arrays[0] if len(arrays) == 1 else ParamView(source[name]).reduce()
-        value = cast(whole, wanted.get(name, "float32"))
+        # reduce() copies into MXNet's default layout: after an inference pass oneDNN may hold
+        # a weight in its own blocked layout, which amp_cast cannot always turn into bfloat16
+        # (depthwise convolutions: "could not create a primitive descriptor for a reorder")
+        value = cast(ParamView(source[name]).reduce(), wanted.get(name, "float32"))
         param.cast(value.dtype)
         # an inference model: no gradient buffers (p.grad_req = 'write' brings them back)
         param.grad_req = "null"
