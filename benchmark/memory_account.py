@@ -99,7 +99,8 @@ def step_storage_mb(step):
     mx.nd.waitall()
     handle, path = tempfile.mkstemp(suffix=".json")
     os.close(handle)
-    mx.profiler.set_config(profile_memory=True, filename=path)
+    mx.profiler.set_config(profile_memory=True, profile_symbolic=False, profile_imperative=False,
+                           profile_api=False, filename=path)   # counters only: small
     mx.profiler.set_state("run")
     try:
         step()
