@@ -4,7 +4,7 @@ Alternates fresh processes of each tree (bytecode compiled first, as an installe
 has it) and prints the medians, in milliseconds. The numbers #23's note quotes came from
 
     git worktree add /tmp/before 387a278
-    python benchmark/bench_import_init.py --before /tmp/before --after . --runs 30
+    python benchmark/bench_import_init.py --before /tmp/before --after . --runs 40
 """
 import argparse
 import compileall
