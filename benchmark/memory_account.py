@@ -78,7 +78,7 @@ def account(net, trainer=None):
         row["optimizer_mb"] = sum(_state_bytes(s) for s in states) / MB
     try:
         from mxamp.runtime.casting import WORKSPACE
-        row["workspace_mb"] = sum(_bytes(b) for b in WORKSPACE._buffers.values()) / MB
+        row["workspace_mb"] = sum(_bytes(b) for b in WORKSPACE._buffers().values()) / MB
     except ImportError:
         pass
     return row

@@ -279,3 +279,20 @@ def test_o2_finds_deferred_shapes_without_a_forward_pass(amp_off):
         out = net(x)
     out.backward()
     assert dtypes.name_of(net[0].weight.grad().dtype) == "bfloat16"
+
+
+def test_each_thread_casts_into_its_own_workspace(amp_off):
+    """Two threads training on one device must not cast into the same buffer: MXNet orders
+    the ops of a buffer by the order they are queued, and threads interleave their queuing."""
+    import threading
+    from mxamp.runtime.casting import WORKSPACE
+    held = {}
+
+    def reserve(name):
+        held[name] = WORKSPACE.reserve(mx.cpu(), 16)
+    worker = threading.Thread(target=reserve, args=("worker",))
+    worker.start()
+    worker.join()
+    reserve("main")
+    assert held["main"] is not held["worker"]
+    assert WORKSPACE.reserve(mx.cpu(), 8) is held["main"], "one buffer per thread, reused"

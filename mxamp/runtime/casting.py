@@ -99,15 +99,16 @@ def cast_into(x, out):
 
 
 class Float32Workspace:
-    """One float32 buffer per device, reused for the float32 copies of low-precision arrays that
-    are needed only for the length of one kernel (an optimizer update on a float32 master, a
-    finite check).
+    """One float32 buffer per device (and thread), reused for the float32 copies of
+    low-precision arrays that are needed only for the length of one kernel (an optimizer
+    update on a float32 master, a finite check).
 
     Casting every gradient of a model to float32 at once costs 4 B per parameter for a moment,
     and the allocator keeps that peak long after; writing each copy into this buffer costs 4 B
     per element of the largest array, once. Every user of a view shares the buffer's engine
     variable, so MXNet runs a cast into it only after the previous reader is done (on every
-    device). Cast, then use the view, before the next cast into it.
+    device): cast, then queue the view's use, before the next cast into it. Each thread has
+    its own buffers, so that two threads' casts and reads never interleave.
 
     >>> ws = Float32Workspace()
     >>> view = ws.view(mx.cpu(), (2, 3)); view.shape, view.dtype
@@ -117,20 +118,21 @@ class Float32Workspace:
     """
 
     def __init__(self):
-        self._buffers = {}
-        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    def _buffers(self):
+        return self._local.__dict__.setdefault("buffers", {})
 
     def __len__(self):
-        return len(self._buffers)
+        return len(self._buffers())
 
     def reserve(self, context, size):
-        """The 1-D buffer on ``context``, at least ``size`` elements long."""
-        with self._lock:
-            held = self._buffers.get(context)
-            if held is None or held.size < size:
-                held = self._buffers[context] = mx.nd.empty((max(size, 1),), ctx=context,
-                                                            dtype="float32")
-            return held
+        """This thread's 1-D buffer on ``context``, at least ``size`` elements long."""
+        buffers = self._buffers()
+        held = buffers.get(context)
+        if held is None or held.size < size:
+            held = buffers[context] = mx.nd.empty((max(size, 1),), ctx=context, dtype="float32")
+        return held
 
     def view(self, context, shape, offset=0):
         """A float32 view of ``shape`` into the buffer, starting at element ``offset``."""
@@ -141,9 +143,8 @@ class Float32Workspace:
         return buffer[offset:offset + size].reshape(shape)
 
     def clear(self):
-        """Free the buffers (``amp.reset``)."""
-        with self._lock:
-            self._buffers = {}
+        """Free the buffers of every thread (``amp.reset``)."""
+        self._local = threading.local()
 
 
 #: The process's float32 workspace, shared by the optimizer and the finite checks.
