@@ -19,11 +19,14 @@ timing. Three sources, each honest about what it sees:
 import json
 import os
 import resource
+import sys
 import tempfile
 
 import numpy as np
 
 MB = float(2 ** 20)
+#: MXNet's bfloat16 dtype as numpy sees it.
+BFLOAT16 = np.dtype([("bfloat16", "<u2")])
 
 
 def peak_mb(sync=False):
@@ -56,40 +59,29 @@ def counted_mb(row):
 def account(net, trainer=None):
     """MB held by ``net``'s parameters (by dtype), their gradients, the trainer's optimizer
     state and mxamp's workspace."""
-    params = list(net.collect_params().values())
-    by_dtype = {}
-    grads = 0
-    for param in params:
+    by_dtype, grads, count = {}, 0, 0
+    for param in net.collect_params().values():
         try:
             data = param.list_data()
         except Exception:  # noqa: BLE001 - a parameter never initialised holds nothing
             continue
+        count += data[0].size
         for array in data:
-            name = "bfloat16" if array.dtype == np.dtype([("bfloat16", "<u2")]) else \
-                np.dtype(array.dtype).name
+            name = "bfloat16" if array.dtype == BFLOAT16 else np.dtype(array.dtype).name
             by_dtype[name] = by_dtype.get(name, 0) + _bytes(array)
         if param.grad_req != "null":
             grads += sum(_bytes(g) for g in param.list_grad())
     row = {"params_mb": sum(by_dtype.values()) / MB, "grads_mb": grads / MB,
            "params_by_dtype_mb": {k: round(v / MB, 2) for k, v in by_dtype.items()},
-           "param_count": sum(p.data().size for p in params if _initialised(p))}
+           "param_count": count}
     if trainer is not None:
         states = [s for u in getattr(trainer, "_updaters", []) for s in u.states.values()]
         row["optimizer_mb"] = sum(_state_bytes(s) for s in states) / MB
-    try:
-        from mxamp.runtime.casting import WORKSPACE
-        row["workspace_mb"] = sum(_bytes(b) for b in WORKSPACE._buffers().values()) / MB
-    except ImportError:
-        pass
+    # read only where mxamp is loaded: the reference's and float32's processes never import it
+    casting = sys.modules.get("mxamp.runtime.casting")
+    if casting is not None:
+        row["workspace_mb"] = sum(_bytes(b) for b in casting.WORKSPACE._buffers().values()) / MB
     return row
-
-
-def _initialised(param):
-    try:
-        param.data()
-        return True
-    except Exception:  # noqa: BLE001
-        return False
 
 
 def step_storage_mb(step):

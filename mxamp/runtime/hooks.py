@@ -25,6 +25,7 @@ from mxamp.runtime.casting import array_dtype, cast
 from mxamp.runtime.patches import is_replaced, replace
 from mxamp.runtime.state import STATE
 
+
 def _float_name(dtype):
     try:
         name = dtypes.name_of(dtype)

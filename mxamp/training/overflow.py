@@ -120,30 +120,26 @@ class _Plan:
     def launch(self, arrays):
         """Queue the checks; return the per-array result vectors in :attr:`order`."""
         ready = [_dense(a) for a in arrays]
-        checked = {}
-        for i in self.flagged + list(self.probed):
-            ready[i] = self._float32(ready[i], i, through_workspace=True)
-            checked[i] = self._reduce(i, ready[i])
-        ready = [self._float32(a, i) for i, a in enumerate(ready)]
-        vectors = [checked[i] for i in self.flagged]
-        vectors += [_ND.multi_sum_sq(*[checked.get(i, ready[i]) for i in chunk],
-                                     num_arrays=len(chunk))
+        # the large arrays one at a time: each is checked before the next is cast into the
+        # shared workspace (the dict is built in that order)
+        large = {i: self._check_large(i, ready[i]) for i in self.flagged + list(self.probed)}
+        vectors = [large[i] for i in self.flagged]
+        vectors += [_ND.multi_sum_sq(*[large[i] if i in large else self._float32(i, ready[i])
+                                       for i in chunk], num_arrays=len(chunk))
                     for chunk in self.summed]
         return vectors
 
-    def _float32(self, array, i, through_workspace=False):
-        # A large low-precision array is cast into the shared workspace and checked before the
-        # next one is cast there: 4 B per element of the largest array, not of all of them.
-        if not self.needs_cast[i] or array.dtype == np.float32:
-            return array
-        if not through_workspace:
-            return cast(array, "float32")
-        view = WORKSPACE.view(array.context, array.shape)
-        cast_into(array, view)
-        return view
+    def _float32(self, i, array):
+        return cast(array, "float32") if self.needs_cast[i] else array
 
-    def _reduce(self, i, array):
-        """A large array's check: its probe column, or its ``all_finite`` flag."""
+    def _check_large(self, i, array):
+        """A large array's check: its probe column, or its ``all_finite`` flag. A
+        low-precision one is first cast into the shared workspace: 4 B per element of the
+        largest array, not of all of them."""
+        if self.needs_cast[i]:
+            view = WORKSPACE.view(array.context, array.shape)
+            cast_into(array, view)
+            array = view
         columns = self.probed.get(i)
         if columns is None:
             return _ND.all_finite(array)
