@@ -10,7 +10,7 @@ mkdir -p "$OUT"
 flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
 has() { [[ " $flags " == *" $1 "* ]]; }
 settings=("default")
-if has amx_bf16; then settings+=("MXAMP_AMX=1"); fi
+if has amx_bf16; then settings+=("MXAMP_AMX=0"); fi
 if has avx512_bf16; then settings+=("DNNL_MAX_CPU_ISA=AVX512_CORE_BF16"); fi
 if has avx512f && has avx512bw && has avx512vl && has avx512dq; then
   settings+=("DNNL_MAX_CPU_ISA=AVX512_CORE" "DNNL_MAX_CPU_ISA=AVX2")

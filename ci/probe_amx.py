@@ -24,7 +24,7 @@ import sys
 os.environ["MXNET_ENGINE_TYPE"] = "NaiveEngine"
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ["MALLOC_CHECK_"] = "3"
-os.environ["MXAMP_AMX"] = "1"
+os.environ["MXAMP_AMX"] = "1"   # the default, said explicitly: this probe needs AMX
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -90,7 +90,7 @@ def main():
     if "amx_bf16" not in flags:
         print("probe_amx: skipped: this CPU has no AMX (amx_bf16)")
         return 0
-    import mxamp  # noqa: F401 - MXAMP_AMX=1: grants the tiles and latches the AMX ISA
+    import mxamp  # noqa: F401 - grants the tiles and latches the AMX ISA
     from mxamp.backend import cpu
     features = cpu.cpu_features()
     print("probe_amx: class %r, AMX in effect: %s (%s)" % (

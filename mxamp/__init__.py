@@ -23,7 +23,7 @@ _MISSING_MXNET = (
     "or pip install 'mxamp[cu112]' (CUDA 11.2 GPUs, float16)."
 )
 
-# Before MXNet's first oneDNN primitive: with MXAMP_AMX=1 (an opt-in: AMX is off by default),
+# Before MXNet's first oneDNN primitive (unless MXAMP_AMX=0):
 # lets oneDNN use AMX where the CPU and kernel allow it; see mxamp/backend/cpu.py for the import order.
 from mxamp.backend import cpu as _cpu  # noqa: E402
 _cpu.enable_amx_if_possible()
@@ -44,6 +44,12 @@ globals().update({_name: getattr(amp, _name) for _name in amp.__all__
 # The facts amp.init needs (MXNet's generated operator functions, the op lists), computed once
 # here so that amp.init itself takes a few milliseconds.
 _patching.prepare()
+
+# Where AMX is on, the AMX guard needs the shapes a block ran with: remember them (a graph is
+# built once, so this costs nothing per call).
+if _cpu.enable_amx_if_possible().amx_granted:
+    from mxamp.runtime.hooks import record_input_shapes as _record_input_shapes
+    _record_input_shapes()
 
 __all__ = ["amp", "__version__", "install", "uninstall", "is_installed"] + list(amp.__all__)
 

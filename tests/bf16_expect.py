@@ -19,8 +19,8 @@ class       when                                                        a bf16 G
             ``AVX512_CORE_AMX`` and mxamp's AMX switch on (see below)
 =========== =========================================================== =====================
 
-mxamp's AMX switch (``mxamp.backend.cpu``): off unless ``MXAMP_AMX=1``; ``MXAMP_DISABLE_AMX`` turns it
-off, or the user set ``DNNL_MAX_CPU_ISA``/``MKLDNN_MAX_CPU_ISA`` (a user cap of
+mxamp's AMX switch (``mxamp.backend.cpu``): on unless ``MXAMP_AMX=0`` or ``MXAMP_DISABLE_AMX=1``,
+or the user set ``DNNL_MAX_CPU_ISA``/``MKLDNN_MAX_CPU_ISA`` (a user cap of
 ``AVX512_CORE_AMX`` counts as on). Tests of bfloat16 behaviour read the names below and assert
 what is right for the class they run on. Such tests carry the ``cpu_class`` marker:
 ``.ci/run`` runs them again under every ISA cap the machine allows.
@@ -60,7 +60,7 @@ def _amx_switch_on(environ):
         return environ.get("DNNL_MAX_CPU_ISA") == "AVX512_CORE_AMX"
     if environ.get("MXAMP_DISABLE_AMX", "").strip().lower() not in _OFF:
         return False
-    return environ.get("MXAMP_AMX", "0").strip().lower() not in _OFF
+    return environ.get("MXAMP_AMX", "1").strip().lower() not in _OFF
 
 
 def expected_class(flags, environ):

@@ -53,7 +53,7 @@ def _run(code, **env_changes):
 
     Returns the dict the child printed after ``RESULT ``, oneDNN's verbose lines and stderr.
     """
-    # The class under test (CI's DNNL_MAX_CPU_ISA cap or MXAMP_AMX opt-in) reaches the child;
+    # The class under test (CI's DNNL_MAX_CPU_ISA cap or MXAMP_AMX opt-out) reaches the child;
     # a test that needs its own setting passes it in env_changes ("" removes a variable).
     env = {k: v for k, v in os.environ.items() if k not in (cpu.DISABLE_ENV, "MKLDNN_MAX_CPU_ISA")}
     env.update(DNNL_VERBOSE="1", OMP_NUM_THREADS="1",
@@ -126,12 +126,12 @@ PRELUDES = {
 }
 
 
-@pytest.mark.parametrize("opt_in", [False, True], ids=["default", "MXAMP_AMX=1"])
+@pytest.mark.parametrize("opt_in", [True, False], ids=["default", "MXAMP_AMX=0"])
 @pytest.mark.parametrize("order", list(PRELUDES))
-def test_amx_is_opt_in_and_reported_as_it_is(order, opt_in):
-    """AMX is off unless MXAMP_AMX=1; where it is asked for, ``amx_in_effect`` says whether
+def test_amx_is_on_by_default_and_reported_as_it_is(order, opt_in):
+    """AMX is on unless MXAMP_AMX=0; where it is asked for, ``amx_in_effect`` says whether
     oneDNN really uses it (its own ISA report is the judge), and a late request warns."""
-    env = {cpu.ENABLE_ENV: "1" if opt_in else ""}
+    env = {cpu.ENABLE_ENV: "" if opt_in else "0"}
     code = "import warnings\nwarnings.simplefilter('always')\n" + PRELUDES[order] + \
         "import mxamp\n" + BF16_FC_PROBE
     result, verbose, stderr = _run(code, **env)
@@ -151,11 +151,11 @@ def test_amx_is_opt_in_and_reported_as_it_is(order, opt_in):
     can_amx = _machine_can_use_amx() and _outer_cap() is None
     print("order %s, opt-in %s, machine can use AMX: %s; %s" % (order, opt_in, can_amx, isa))
     if not (opt_in and can_amx):
-        assert not features["amx_enabled"], "AMX must stay off without MXAMP_AMX=1: %s" % features
+        assert not features["amx_enabled"], "AMX must stay off with MXAMP_AMX=0: %s" % features
         assert features["reason"], "no reason given for leaving AMX off: %s" % features
         assert not onednn_uses_amx, isa
         if "amx_bf16" in cpu.read_cpu_flags() and not _outer_cap():
-            assert "MXAMP_AMX=1" in features["reason"], "the reason must name the opt-in"
+            assert "MXAMP_AMX=0" in features["reason"], "the reason must name the opt-out"
         return
     assert features["amx_enabled"] and features["amx_granted"], features
     if order == "onednn-op-first":

@@ -83,21 +83,22 @@ def test_speed_claims_are_true_for_their_class(monkeypatch):
 
 
 def test_amx_cpu_with_amx_off_is_said_and_auto_keeps_float32(monkeypatch):
-    """A Sapphire Rapids with AMX off (the default) is class 'native', where bfloat16 measured
-    0.68-0.90x float32: 'auto' computes in float32 and a bfloat16 request warns with the fix.
+    """A Sapphire Rapids with AMX off (``MXAMP_AMX=0``) is class 'native', where bfloat16
+    measured 0.68-0.90x float32: 'auto' computes in float32 and a bfloat16 request warns with
+    the fix.
     Checks decisions only (the class and the AMX hardware are forced; the probe is off)."""
     from dataclasses import replace
     from mxamp.backend import cpu
-    idle = replace(cpu.cpu_features(), bf16_class="native", amx_bf16=True, amx_in_effect=False,
-                   reason="off by default")
+    idle = replace(cpu.cpu_features(), bf16_class="native", amx_bf16=True, amx_enabled=False,
+                   amx_in_effect=False, reason="turned off by MXAMP_AMX=0 (unset it to use AMX)")
     monkeypatch.setattr(cpu, "_CLASSIFIED", idle)
     monkeypatch.setenv("MXAMP_PROBE", "0")   # without a measurement, the class rule decides
     lists = get_op_lists("bfloat16")
     assert amx_idle_here("native")
     auto = device_plan("auto", lists, "native")
-    assert auto.compute == "float32" and "MXAMP_AMX=1" in auto.reason, auto.describe()
+    assert auto.compute == "float32" and "MXAMP_AMX=0" in auto.reason, auto.describe()
     text = cpu_notice(device_plan("bfloat16", lists, "native"))
-    assert "WITHOUT AMX" in text and "MXAMP_AMX=1" in text and "0.68-0.90x" in text, text
+    assert "WITHOUT AMX" in text and "Unset MXAMP_AMX" in text and "0.68-0.90x" in text, text
     monkeypatch.setattr(cpu, "_CLASSIFIED", replace(idle, amx_bf16=False))
     assert device_plan("auto", lists, "native").compute == "bfloat16", "Zen 5-like native"
     assert cpu_notice(device_plan("bfloat16", lists, "native")) == ""
@@ -258,7 +259,7 @@ def test_one_warning_per_process_names_the_class():
         if CPU_CLASS == "none":
             assert found[0].startswith(NO_KERNELS_WARNING), found[0]
     elif CPU_CLASS == "native":     # an AMX CPU whose AMX is off: say so, and how to turn it on
-        assert "WITHOUT AMX" in found[0] and "MXAMP_AMX=1" in found[0], found[0]
+        assert "WITHOUT AMX" in found[0] and "Unset MXAMP_AMX" in found[0], found[0]
     else:
         assert found[0].startswith("mxamp: bfloat16 on AMX tiles"), found[0]
 

@@ -22,23 +22,24 @@ The class is decided once per process (:func:`cpu_features`, a few milliseconds:
 exact, case-sensitive names (``AVX2``, ``AVX512_CORE``, ...; anything else means no cap); the
 older ``MKLDNN_MAX_CPU_ISA`` spelling is ignored by oneDNN 2.x and so by this model.
 
-**AMX is off unless you opt in.** On Sapphire Rapids, oneDNN 2.4's AMX kernels (which it
-calls initial support and leaves off by default) make GEMM-heavy models 1.75-2.6x faster than
-float32, but they also corrupt the heap on a family of bfloat16 1x1 convolutions and run
-BatchNorm backward in a slow reference kernel (MobileNet training 15x slower than float32);
-NOTES.md section 2. So ``import mxamp`` leaves oneDNN's ISA alone, and ``MXAMP_AMX=1`` in the
-environment (before ``import mxamp``) opts in: mxamp then asks Linux for the AMX tile state,
-hands oneDNN ``DNNL_MAX_CPU_ISA=AVX512_CORE_AMX`` through one tiny primitive and removes the
-variable again (:mod:`mxamp.backend.amx`). On the ``amx`` class mxamp keeps the convolution shapes that
-corrupt memory in float32 (``python -m mxamp.lists --explain Convolution``).
+**AMX is on where the CPU has it; ``MXAMP_AMX=0`` turns it off.** oneDNN 2.4 (inside MXNet
+1.9.1) calls its AMX kernels initial support and leaves them off by default, so ``import mxamp``
+turns them on: it asks Linux for the AMX tile state, hands oneDNN
+``DNNL_MAX_CPU_ISA=AVX512_CORE_AMX`` through one tiny primitive and removes the variable again
+(:mod:`mxamp.backend.amx`). On an AMX Xeon (NOTES.md section 2c) that made the README's main job
+1.83x float32 where AVX512-BF16 alone ran it at 0.78x. Two known faults come with it, and mxamp
+handles both on the ``amx`` class: the family of bfloat16 1x1 convolutions that corrupt the heap
+stays float32 (the AMX guard, ``python -m mxamp.lists --explain Convolution``; 26 of 125 scanned
+shapes crashed, all inside it), and BatchNorm between depthwise and regular convolutions, whose
+backward falls to a reference kernel, is steered to a jit kernel (:mod:`mxamp.precision.graph_rules`).
 
-Import order: the opt-in works when ``import mxamp`` comes before the first oneDNN operator
+Import order: AMX is in effect when ``import mxamp`` comes before the first oneDNN operator
 (FullyConnected, Convolution, Activation, BatchNorm, ...) of the process; ``import mxnet``
 first is fine. Too late, oneDNN has fixed its ISA for good: :func:`cpu_features` then checks
 whether AMX is *in effect* (a bfloat16 GEMM timed against float32, :mod:`mxamp.backend.amx`), reports
 the class it really is, and warns once with the fix. Nothing is changed when:
 
-- ``MXAMP_AMX`` is unset or off, or ``MXAMP_DISABLE_AMX=1`` is set (the 0.1.0 opt-out wins);
+- ``MXAMP_AMX=0`` (or ``MXAMP_DISABLE_AMX=1``, the 0.1.0 spelling) is set;
 - the user set ``DNNL_MAX_CPU_ISA`` or ``MKLDNN_MAX_CPU_ISA`` (their choice wins; mxamp still asks
   for the tile grant when that choice names AMX, so that it cannot crash);
 - the CPU lacks ``amx_bf16`` or the kernel refuses the grant (Linux < 5.16, other OS).
@@ -62,7 +63,7 @@ from mxamp.backend.amx import (AMX_ISA, AMX_MIN_SPEEDUP, bf16_gemm_speedup, latc
 
 _LOG = logging.getLogger(__name__)
 
-#: Set to 1/true/yes/on (before ``import mxamp``) to let oneDNN use AMX where the CPU has it.
+#: On unless set to 0/false/no/off (before ``import mxamp``): oneDNN uses AMX where the CPU has it.
 ENABLE_ENV = "MXAMP_AMX"
 #: Set to 1/true/yes/on to keep mxamp from touching oneDNN's ISA (wins over ENABLE_ENV).
 DISABLE_ENV = "MXAMP_DISABLE_AMX"
@@ -254,8 +255,8 @@ def _user_isa():
 
 
 def enable_amx_if_possible():
-    """Let oneDNN use AMX when the user opted in (``MXAMP_AMX=1``) and the CPU and the kernel
-    allow it; returns :class:`CpuFeatures`.
+    """Let oneDNN use AMX where the CPU and the kernel allow it, unless ``MXAMP_AMX=0``;
+    returns :class:`CpuFeatures`.
 
     ``import mxamp`` already calls it; later calls return the first result. Never raises: when
     AMX is not used, ``reason`` says why and oneDNN keeps its default ISA.
@@ -267,14 +268,14 @@ def enable_amx_if_possible():
     global _RESULT
     if _RESULT is None:
         _RESULT, unexpected = _decide_and_enable()
-        # WARNING only when an AMX CPU ends up without AMX against the user's wishes.
+        # WARNING only when an AMX CPU ends up without AMX that nobody turned off.
         _LOG.log(logging.WARNING if unexpected else logging.INFO, "mxamp CPU features: %s",
                  _RESULT.as_dict())
     return _RESULT
 
 
 def _decide_and_enable():
-    """Returns ``(CpuFeatures, unexpected)``; ``unexpected`` marks an opt-in that failed."""
+    """Returns ``(CpuFeatures, unexpected)``; ``unexpected`` marks AMX that failed to turn on."""
     flags = read_cpu_flags()
     found = CpuFeatures(
         avx512_bf16="avx512_bf16" in flags, amx_bf16="amx_bf16" in flags,
@@ -298,10 +299,8 @@ def _decide_and_enable():
                        % ("yes" if found.avx512_bf16 else "no")), False
 
     if not env.flag(ENABLE_ENV):
-        return replace(found, reason=(
-            "off by default: oneDNN 2.4's AMX corrupts the heap on some bfloat16 1x1 "
-            "convolutions and runs BatchNorm backward in a slow reference kernel; set %s=1 "
-            "before importing mxamp to opt in" % ENABLE_ENV)), False
+        return replace(found, reason="turned off by %s=%s (unset it to use AMX)"
+                       % (ENABLE_ENV, env.value(ENABLE_ENV))), False
 
     granted, detail = request_permission()
     if not granted:

@@ -21,8 +21,8 @@ FALSE_WORDS = ("", "0", "false", "no", "off")
 
 #: name -> (default when unset, what it does). The default of an on/off switch is a bool.
 VARIABLES = {
-    "MXAMP_AMX": (False, "on: let oneDNN use AMX tiles for bfloat16 (set before importing "
-                         "mxamp; Linux >= 5.16 and a CPU with amx_bf16)"),
+    "MXAMP_AMX": (True, "off: keep oneDNN off AMX tiles (set before importing mxamp; AMX "
+                        "needs Linux >= 5.16 and a CPU with amx_bf16)"),
     "MXAMP_DISABLE_AMX": (False, "on: never touch oneDNN's ISA (the 0.1.0 opt-out; wins over "
                                  "MXAMP_AMX)"),
     "MXAMP_PROBE": (True, "off: 'auto' follows the CPU class alone, no measurement"),
@@ -58,8 +58,8 @@ def flag(name, environ=None):
     one of :data:`FALSE_WORDS`, True for :data:`TRUE_WORDS`; any other word counts as on,
     with a warning that names the accepted words.
 
-    >>> flag('MXAMP_AMX', environ={'MXAMP_AMX': 'YES'})
-    True
+    >>> flag('MXAMP_AMX', environ={'MXAMP_AMX': 'NO'})
+    False
     """
     raw = value(name, environ)
     if raw is None:

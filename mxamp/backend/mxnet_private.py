@@ -144,6 +144,15 @@ _uses("mxnet.optimizer.Optimizer", "_set_current_context")
 
 
 # ----------------------------------------------------------------------------------- views
+def convolution_groups(block):
+    """``num_group`` of a Gluon convolution layer (1 for any other block).
+
+    >>> convolution_groups(mx.gluon.nn.Conv2D(8, 3, groups=8, in_channels=8))
+    8
+    """
+    return int(getattr(block, "_kwargs", {}).get("num_group", 1))
+
+
 class _Attribute:
     """A property of a view that reads and writes one private attribute of the viewed object."""
 
@@ -249,6 +258,8 @@ class BlockView(_View):
 #: The HybridBlock method that runs (and first builds) the cached graph: mxamp wraps it to
 #: rebuild graphs made under another AMP generation (see mxamp.patching.patcher).
 BLOCK_CALL_METHOD = "_call_cached_op"
+#: The HybridBlock method that builds the cached graph (once per graph, not per call).
+BLOCK_BUILD_METHOD = "_build_cache"
 
 
 class ParamView(_View):

@@ -16,7 +16,7 @@ normalisation layers and the layers the user excludes, which keep float32 parame
 * The model's outputs come back in float32 (``output_dtype=None`` keeps the target dtype).
 * Layers whose shapes a CPU class must not run in low precision (on ``amx``, the 1x1
   convolutions that corrupt the heap: :mod:`mxamp.lists.bfloat16`) compute in float32 on
-  those calls.
+  those calls; graphs with depthwise convolutions follow :mod:`mxamp.runtime.graph_rules`.
 
 What runs depends on the device (:mod:`mxamp.precision.device_plan`). On a CPU without bfloat16 kernels
 (class 'none'), ``cast_model(net, 'bfloat16')`` keeps bfloat16 *storage* with float32 *compute*:
@@ -25,8 +25,7 @@ to float32 on use, and activations stay float32. The model trains as it will on 
 CPU as far as weight rounding goes, and runs *slower* than float32: without AVX-512, oneDNN
 converts to and from bfloat16 with a scalar loop (~50-80 ns a value; the MNIST example's O2 run
 took 2.8x float32's time on an AVX2 EPYC). One warning per process says so.
-``target_dtype='auto'`` picks float16 on a GPU, bfloat16 on a CPU that computes it natively,
-and elsewhere leaves the model in float32 (one log line says why).
+``target_dtype='auto'`` picks float16 on a GPU, bfloat16 where it pays, else float32 (logged).
 
 Train it with ``amp.init_trainer(trainer)`` (float32 master weights for low-precision
 parameters, dynamic loss scaling for float16) and ``amp.scale_loss``.
@@ -51,6 +50,7 @@ from mxamp.backend.devices import device_of
 from mxamp import dtypes
 from mxamp.precision import plan
 from mxamp.runtime.casting import cast
+from mxamp.runtime.graph_rules import FLOAT32_GRAPH, RULE_ATTR, has_depthwise_layers
 from mxamp.runtime.hooks import building_input_shapes, fix_astype, hook_block_graphs
 from mxamp.errors import AmpArgumentError, as_input_tuple
 from mxamp.lists.float16 import NO_CPU_KERNEL, NO_CPU_KERNEL_WHY
@@ -300,9 +300,13 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
     if requested == dtypes.AUTO and not here.low_precision:
         LOG.info("mxamp: cast_model: %s; the model stays float32", amp_plan.describe())
         return block
+    if here.depthwise_graphs == FLOAT32_GRAPH and has_depthwise_layers(block):
+        LOG.info("mxamp: cast_model: %s; depthwise layers: stays float32", amp_plan.describe())
+        return block
     low, islands = _plan(block, target, excluded)
     _check_device(block, target, low)
     amp_plan.announce(stacklevel=4)  # from here: stacklevel counts frames up to the user's call
+    block.__dict__[RULE_ATTR] = here.depthwise_graphs  # for the block hook (graph_rules)
     compute = target if here.low_precision else "float32"
     opaque = _cast_low_precision_blocks(low, target, compute, here.fp32_when)
     _install_casts(block, islands, compute, output_dtype)

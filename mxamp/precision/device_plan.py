@@ -17,6 +17,12 @@ request      GPU        CPU ``amx``/``native``   CPU ``emulated``     CPU ``none
                         faster (:mod:`mxamp.backend.probe`)
 ============ ========== ======================== ==================== =======================
 
+Graphs with depthwise convolutions get one more rule (:attr:`DevicePlan.depthwise_graphs`),
+which the hybridized-block hook applies when such a graph is built: on ``amx``, BatchNorm is
+steered off oneDNN 2.4's reference backward kernel (:data:`STEER_BATCHNORM`); under ``'auto'``,
+where the probe's depthwise block measured bfloat16 slower than float32, the whole graph
+computes in float32 (:data:`FLOAT32_GRAPH`).
+
 Where a plan computes in float32, AMP stays on: ``amp.init_trainer``'s scaler still skips
 steps with non-finite gradients, and a model behaves, bit for bit, as in float32.
 
@@ -35,6 +41,14 @@ from mxamp.backend.devices import GPU, cpu_class
 from mxamp.backend.probe import MIN_SPEEDUP, known_result, machine_probe, probe_enabled
 from mxamp.errors import AmpArgumentError
 from mxamp.lists.float16 import NO_CPU_KERNEL_WHY
+
+#: ``depthwise_graphs``: a Reshape before each BatchNorm, so that oneDNN 2.4 hands BatchNorm's
+#: backward one layout on both sides (AMX lays out depthwise and regular convolutions
+#: differently, and only the reference kernel takes two). MobileNet 1.0 training on an AMX
+#: Xeon: 2761 -> 305 ms a step (float32: 156 ms; 4 threads, 2026-11-26).
+STEER_BATCHNORM = "steer BatchNorm"
+#: ``depthwise_graphs``: the graph computes in float32 (AMP, the loss scaler and skipping on).
+FLOAT32_GRAPH = "float32"
 
 
 
@@ -57,6 +71,8 @@ class DevicePlan:
     #: op -> conditions (mxamp.lists.conditions) under which it computes in float32 here: shapes
     #: whose low-precision kernel is broken on this CPU class (e.g. AMX's 1x1 convolutions)
     fp32_when: dict = field(default_factory=dict, compare=False)
+    #: what a graph with depthwise convolutions gets here: '', STEER_BATCHNORM or FLOAT32_GRAPH
+    depthwise_graphs: str = ""
 
     @property
     def low_precision(self):
@@ -90,6 +106,8 @@ class DevicePlan:
         what = self.summary()
         if not self.low_precision:
             what = "float32 compute (%s)" % self.reason
+        if self.depthwise_graphs:
+            what += "; graphs with depthwise convolutions: %s" % self.depthwise_graphs
         return "target_dtype=%r on %s: %s" % (self.requested, where, what)
 
 
@@ -107,8 +125,9 @@ def target_for(requested, device):
 
 
 #: Why 'auto' computes in float32 on an AMX CPU whose AMX is off (class 'native' there).
-WHY_AMX_OFF = ("this CPU has AMX but it is off (set MXAMP_AMX=1 before importing mxamp to use "
-               "it); bfloat16 without AMX measured 0.68-0.90x float32's speed on Sapphire Rapids")
+WHY_AMX_OFF = ("this CPU has AMX but it is not in effect (MXAMP_AMX=0, your own "
+               "DNNL_MAX_CPU_ISA, or mxamp imported after MXNet's first oneDNN operator); "
+               "bfloat16 without AMX measured 0.68-0.90x float32's speed on an AMX Xeon")
 
 
 def amx_idle_here(device):
@@ -144,7 +163,7 @@ def device_plan(requested, lists, device, float32_because=""):
     if device != GPU and device not in BF16_CLASSES:
         raise AmpArgumentError("device must be %r or a CPU class %s, got %r"
                                % (GPU, BF16_CLASSES, device))
-    low = frozenset(lists.low_precision)
+    low, measured = frozenset(lists.low_precision), None
     if device == GPU:
         fp32_ops, reason = frozenset(), ""
     elif lists.target == "float16":
@@ -171,8 +190,25 @@ def device_plan(requested, lists, device, float32_because=""):
     if device != GPU and compute != "float32":
         fp32_when = {op: conds for op, conds in lists.fp32_when(device).items()
                      if op not in fp32_ops}
+    depthwise = _depthwise_rule(requested, device, compute, measured)
     return DevicePlan(requested=requested, target=lists.target, device=device, compute=compute,
-                      fp32_ops=fp32_ops, reason=reason, fp32_when=fp32_when)
+                      fp32_ops=fp32_ops, reason=reason, fp32_when=fp32_when,
+                      depthwise_graphs=depthwise)
+
+
+def _depthwise_rule(requested, device, compute, measured):
+    """``DevicePlan.depthwise_graphs``: float32 where 'auto' measured the depthwise block
+    slower in bfloat16, BatchNorm steering on AMX, else ''.
+
+    >>> _depthwise_rule('bfloat16', 'amx', 'bfloat16', None)
+    'steer BatchNorm'
+    """
+    if device == GPU or compute == "float32":
+        return ""
+    depthwise = measured.depthwise_speedup if measured is not None else None
+    if requested == dtypes.AUTO and depthwise is not None and depthwise < 1.0:
+        return FLOAT32_GRAPH
+    return STEER_BATCHNORM if device == "amx" else ""
 
 
 # --------------------------------------------------------------------------------- notices
@@ -205,12 +241,14 @@ def cpu_notice(dplan):
                 "non-finite steps). target_dtype='auto' picks float32 here without this warning."
                 % (": " + why if why else "", op_summary(p.fp32_ops)))
     if p.device == "native" and amx_idle_here(p.device):
+        features = cpu_features()
+        if features.amx_enabled and not features.amx_in_effect:
+            return ""  # mxamp turned AMX on too late: cpu_features() has warned once already
         return ("mxamp: bfloat16 runs WITHOUT AMX in this process (%s): oneDNN uses "
-                "AVX512-BF16, which measured 0.68-0.90x float32's speed on Sapphire Rapids. Set "
-                "MXAMP_AMX=1 before importing mxamp to use AMX (1.75-2.6x float32 on GEMM-heavy "
-                "models; mxamp keeps the 1x1 convolutions that corrupt the heap under oneDNN "
-                "2.4's AMX in float32), or use target_dtype='auto', which computes in float32 "
-                "here." % (cpu_features().reason or cpu_features().bf16_reason))
+                "AVX512-BF16, which measured 0.68-0.90x float32's speed on an AMX Xeon. Unset "
+                "MXAMP_AMX (AMX is on by default: 1.8x float32 on the README's main job there), "
+                "or use target_dtype='auto', which computes in float32 here."
+                % (cpu_features().reason or cpu_features().bf16_reason))
     measured = known_result() if p.device in NATIVE_CLASSES and p.device == cpu_class() \
         else None
     if measured is not None and not measured.error and not measured.bf16_pays:
@@ -220,14 +258,15 @@ def cpu_notice(dplan):
                 "target_dtype='auto' computes in float32 here; amp.tune(net, batch) finds "
                 "whether some layers still gain." % (verdict, measured.summary()))
     if p.device == "amx":
-        features = cpu_features()
         return ("mxamp: bfloat16 on AMX tiles (in effect: %s). oneDNN 2.4's AMX support is "
-                "initial: 1x1 convolutions of the shapes that corrupt the heap stay float32 "
-                "(python -m mxamp.lists --explain Convolution), and BatchNorm backward and "
-                "depthwise convolutions run slow kernels (MobileNet training measured 11-15x "
-                "slower than float32, with 'auto' too): amp.tune(net, batch) times your model and "
-                "keeps float32 where bfloat16 loses (it chose float32 for that MobileNet)."
-                % (features.amx_check or "unchecked"))
+                "initial, and mxamp works around it: 1x1 convolutions of the shapes that corrupt "
+                "the heap stay float32 (python -m mxamp.lists --explain Convolution), and in "
+                "graphs with depthwise convolutions BatchNorm backward is steered off its reference "
+                "kernel; such graphs still measured about 0.5x float32 (MobileNet 1.0 training), "
+                "so target_dtype='auto' keeps them in float32 when the probe's depthwise block "
+                "is slower in bfloat16, and amp.tune(net, batch) times your own model and keeps "
+                "float32 where bfloat16 loses. MXAMP_AMX=0 turns AMX off."
+                % (cpu_features().amx_check or "unchecked"))
     if p.device == "emulated":
         return ("mxamp: this CPU emulates bfloat16 (CPU class 'emulated'%s): bfloat16 runs "
                 "correctly but SLOWER than float32 here (2-5x for GEMMs and convolutions, "

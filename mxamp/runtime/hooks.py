@@ -5,7 +5,11 @@
 * :func:`hook_record_scopes`: the per-``record()`` cast cache opens and closes with autograd's
   recording scopes;
 * :func:`hook_block_graphs`: a hybridized block rebuilds a graph built under another AMP
-  generation, and its input shapes are known while its graph is built.
+  generation, its input shapes are known while its graph is built, and a graph with
+  depthwise convolutions follows the plan's rule (:mod:`mxamp.runtime.graph_rules`).
+
+:func:`record_input_shapes` (installed by ``import mxamp`` where AMX is on) is not undone: it
+only remembers the shapes each block built its graph with.
 
 All three are undone by ``amp.reset()`` (:func:`mxamp.runtime.patches.undo_all`), which first
 drops the graphs built under AMP (:func:`drop_amp_graphs`), so that they are rebuilt without
@@ -22,6 +26,7 @@ from mxnet.gluon import HybridBlock
 from mxamp import dtypes
 from mxamp.backend import mxnet_private as mxp
 from mxamp.runtime.casting import array_dtype, cast
+from mxamp.runtime.graph_rules import RULE_ATTR, build_graph_by_rule
 from mxamp.runtime.patches import is_replaced, replace
 from mxamp.runtime.state import STATE
 
@@ -145,6 +150,7 @@ def hook_block_graphs():
             # kept for convert_hybrid_block: the AMX guard needs shapes (unknown holds)
             block.__dict__[_INPUT_SHAPES_ATTR] = local.graph_input_shapes
             try:
+                build_graph_by_rule(block, args, _depthwise_rule(block, args))
                 return original(block, *args)
             finally:
                 local.graph_input_shapes = outer
@@ -153,6 +159,41 @@ def hook_block_graphs():
     call_cached_op.__name__ = original.__name__
     call_cached_op.__doc__ = original.__doc__
     replace(HybridBlock, mxp.BLOCK_CALL_METHOD, call_cached_op, kind="block hook")
+
+
+def _depthwise_rule(block, args):
+    """The rule for graphs with depthwise convolutions of a block called on the CPU: the one
+    ``cast_model`` left on it, else the plan in force's."""
+    first = next((a for a in args if isinstance(a, mx.nd.NDArray)), None)
+    if first is None or first.context.device_type != "cpu":
+        return ""
+    if RULE_ATTR in block.__dict__:
+        return block.__dict__[RULE_ATTR]
+    return STATE.plan.cpu.depthwise_graphs if STATE.plan is not None else ""
+
+
+def record_input_shapes():
+    """Remember the input shapes each hybridized block builds its graph with, for the life of
+    the process (``amp.reset`` keeps it: it changes no result).
+
+    ``import mxamp`` installs it where AMX is on: ``convert_hybrid_block`` then knows the
+    shapes of a block that ran before it, and the AMX guard keeps only the convolutions whose
+    shapes corrupt the heap in float32 (an unknown shape counts as one of them). It costs
+    nothing per call: MXNet builds a graph once.
+
+    ``tests/test_graph_rules.py`` installs it in a fresh process and reads what it recorded.
+    """
+    original = vars(HybridBlock)[mxp.BLOCK_BUILD_METHOD]
+    if getattr(original, "_mxamp_records_shapes", False):
+        return
+
+    def build_cache(block, *args):
+        block.__dict__[_INPUT_SHAPES_ATTR] = graph_input_shapes(args)
+        return original(block, *args)
+
+    build_cache._mxamp_records_shapes = True
+    build_cache.__name__, build_cache.__doc__ = original.__name__, original.__doc__
+    setattr(HybridBlock, mxp.BLOCK_BUILD_METHOD, build_cache)
 
 
 def graph_is_stale(block):

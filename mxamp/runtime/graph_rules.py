@@ -1,0 +1,94 @@
+"""Rules for whole graphs, applied while a hybridized block builds its graph: what a
+:class:`~mxamp.precision.device_plan.DevicePlan` asks for graphs with depthwise convolutions.
+
+* :data:`STEER_BATCHNORM` (the ``amx`` class): a Reshape before each BatchNorm. With AMX,
+  oneDNN 2.4 lays regular convolutions out as nhwc and depthwise ones as nChw16c, so a BatchNorm
+  between the two gets its input in one layout and its gradient in the other, and its backward
+  falls to the reference kernel (``bnorm_ref``); only the jit kernel's condition
+  ``src_tag == diff_src_tag`` stands between (NOTES.md 2c). MXNet's Reshape operator hands
+  BatchNorm a plain layout, which MXNet then reorders to match: MobileNet 1.0 training on an
+  AMX Xeon went from 2761 to 305 ms a step (float32: 156 ms; 4 threads, 2026-11-26).
+* :data:`FLOAT32_GRAPH` (``'auto'`` where the probe's depthwise block measured bfloat16 slower):
+  the graph is traced with AMP's casts off, so it computes in float32; the loss scaler still
+  runs.
+
+A graph without depthwise convolutions (``Convolution`` with ``num_group > 1``) is left as is.
+
+>>> import mxnet as mx
+>>> x = mx.sym.var('data')
+>>> y = mx.sym.Convolution(x, kernel=(3, 3), num_filter=8, num_group=8, name='dw')
+>>> has_depthwise_convolution(mx.sym.BatchNorm(y, name='bn'))
+True
+>>> [n['op'] for n in json.loads(steer_batchnorm(mx.sym.BatchNorm(y, name='bn')).tojson())
+...  ['nodes'] if n['op'] != 'null']
+['Convolution', 'Reshape', 'BatchNorm']
+"""
+import json
+
+import mxnet as mx
+
+from mxamp.backend import mxnet_private as mxp
+from mxamp.runtime.state import STATE
+
+#: A Reshape before each BatchNorm of the graph (see the module's docstring).
+STEER_BATCHNORM = "steer BatchNorm"
+#: The graph computes in float32 (AMP, the loss scaler and skipping on).
+FLOAT32_GRAPH = "float32"
+#: Where ``cast_model`` leaves its plan's rule on the model (``amp.init``'s plan holds it too).
+RULE_ATTR = "_mxamp_depthwise_rule"
+#: The name each steering Reshape gets: the BatchNorm's name and this suffix.
+STEER_SUFFIX = "_mxamp_layout"
+
+
+def has_depthwise_convolution(sym):
+    """True when ``sym`` has a ``Convolution`` with more than one group."""
+    return any(node["op"] == "Convolution" and int(node.get("attrs", {}).get("num_group", 1)) > 1
+               for node in json.loads(sym.tojson(remove_amp_cast=False))["nodes"])
+
+
+def has_depthwise_layers(block):
+    """True when a Gluon model has a convolution layer with more than one group."""
+    view = mxp.BlockView(block)
+    return mxp.convolution_groups(block) > 1 or any(
+        has_depthwise_layers(child) for child in view.children.values())
+
+
+def steer_batchnorm(sym):
+    """``sym`` with a Reshape to the same shape (``shape=(-2,)``) before each BatchNorm's data."""
+    graph = json.loads(sym.tojson(remove_amp_cast=False))
+    nodes, new_id = [], {}
+
+    def entry(e):
+        return [new_id[e[0]]] + list(e[1:])
+
+    for old_id, node in enumerate(graph["nodes"]):
+        node = dict(node, inputs=[entry(e) for e in node["inputs"]])
+        if node["op"] == "BatchNorm":
+            nodes.append({"op": "Reshape", "name": node["name"] + STEER_SUFFIX,
+                          "attrs": {"shape": "(-2,)"}, "inputs": [node["inputs"][0]]})
+            node["inputs"][0] = [len(nodes) - 1, 0, 0]
+        new_id[old_id] = len(nodes)
+        nodes.append(node)
+    graph["nodes"] = nodes
+    graph["arg_nodes"] = [i for i, n in enumerate(nodes) if n["op"] == "null"]
+    graph["heads"] = [entry(h) for h in graph["heads"]]
+    graph.pop("node_row_ptr", None)
+    steered = mx.sym.load_json(json.dumps(graph))
+    return steered.as_np_ndarray() if isinstance(sym, mxp.NumpySymbol) else steered
+
+
+def build_graph_by_rule(block, args, rule):
+    """Trace ``block``'s graph for ``args`` as ``rule`` says, before MXNet builds its cached
+    op from it; a graph without depthwise convolutions is traced as usual."""
+    if not rule:
+        return
+    view = mxp.BlockView(block)
+    inputs, out = view.trace(*args)   # MXNet's build reuses this trace
+    if not has_depthwise_convolution(out):
+        return
+    if rule == STEER_BATCHNORM:
+        view.cached_graph = (inputs, steer_batchnorm(out))
+    elif rule == FLOAT32_GRAPH:
+        view.cached_graph = ()
+        with STATE.disabled_region():
+            view.trace(*args)
