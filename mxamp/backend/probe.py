@@ -211,7 +211,7 @@ def _workloads():
         y = nd["BatchNorm"](y, gamma, beta, mean, var, fix_gamma=False)
         return nd["Activation"](y, act_type="relu")
 
-    steer = cpu_features().bf16_class == "amx"   # as mxamp runs it there (graph_rules)
+    steer = cpu_features().bf16_class == "amx"   # as mxamp runs it there (depthwise_graphs)
 
     def depthwise_block(x, pointwise, depthwise, gamma, beta, mean, var):
         y = x

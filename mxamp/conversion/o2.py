@@ -16,7 +16,7 @@ normalisation layers and the layers the user excludes, which keep float32 parame
 * The model's outputs come back in float32 (``output_dtype=None`` keeps the target dtype).
 * Layers whose shapes a CPU class must not run in low precision (on ``amx``, the 1x1
   convolutions that corrupt the heap: :mod:`mxamp.lists.bfloat16`) compute in float32 on
-  those calls; graphs with depthwise convolutions follow :mod:`mxamp.runtime.graph_rules`.
+  those calls; graphs with depthwise convolutions follow :mod:`mxamp.runtime.depthwise_graphs`.
 
 What runs depends on the device (:mod:`mxamp.precision.device_plan`). On a CPU without bfloat16 kernels
 (class 'none'), ``cast_model(net, 'bfloat16')`` keeps bfloat16 *storage* with float32 *compute*:
@@ -50,7 +50,7 @@ from mxamp.backend.devices import device_of
 from mxamp import dtypes
 from mxamp.precision import plan
 from mxamp.runtime.casting import cast
-from mxamp.runtime.graph_rules import FLOAT32_GRAPH, RULE_ATTR, has_depthwise_layers
+from mxamp.runtime.depthwise_graphs import FLOAT32_GRAPH, TREATMENT_ATTR, has_depthwise_layers
 from mxamp.runtime.hooks import building_input_shapes, fix_astype, hook_block_graphs
 from mxamp.errors import AmpArgumentError, as_input_tuple
 from mxamp.lists.float16 import NO_CPU_KERNEL, NO_CPU_KERNEL_WHY
@@ -306,7 +306,7 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
     low, islands = _plan(block, target, excluded)
     _check_device(block, target, low)
     amp_plan.announce(stacklevel=4)  # from here: stacklevel counts frames up to the user's call
-    block.__dict__[RULE_ATTR] = here.depthwise_graphs  # for the block hook (graph_rules)
+    block.__dict__[TREATMENT_ATTR] = here.depthwise_graphs  # for the block hook (depthwise_graphs)
     compute = target if here.low_precision else "float32"
     opaque = _cast_low_precision_blocks(low, target, compute, here.fp32_when)
     _install_casts(block, islands, compute, output_dtype)

@@ -17,8 +17,9 @@ request      GPU        CPU ``amx``/``native``   CPU ``emulated``     CPU ``none
                         faster (:mod:`mxamp.backend.probe`)
 ============ ========== ======================== ==================== =======================
 
-Graphs with depthwise convolutions get one more rule (:attr:`DevicePlan.depthwise_graphs`),
-which the hybridized-block hook applies when such a graph is built: on ``amx``, BatchNorm is
+Graphs with depthwise convolutions get one more decision, their treatment
+(:attr:`DevicePlan.depthwise_graphs`), which the hybridized-block hook applies when such a graph
+is built: on ``amx``, BatchNorm is
 steered off oneDNN 2.4's reference backward kernel (:data:`STEER_BATCHNORM`); under ``'auto'``,
 where the probe's depthwise block measured bfloat16 slower than float32, the whole graph
 computes in float32 (:data:`FLOAT32_GRAPH`).
@@ -190,17 +191,17 @@ def device_plan(requested, lists, device, float32_because=""):
     if device != GPU and compute != "float32":
         fp32_when = {op: conds for op, conds in lists.fp32_when(device).items()
                      if op not in fp32_ops}
-    depthwise = _depthwise_rule(requested, device, compute, measured)
+    depthwise = _depthwise_treatment(requested, device, compute, measured)
     return DevicePlan(requested=requested, target=lists.target, device=device, compute=compute,
                       fp32_ops=fp32_ops, reason=reason, fp32_when=fp32_when,
                       depthwise_graphs=depthwise)
 
 
-def _depthwise_rule(requested, device, compute, measured):
-    """``DevicePlan.depthwise_graphs``: float32 where 'auto' measured the depthwise block
+def _depthwise_treatment(requested, device, compute, measured):
+    """The treatment of depthwise graphs: float32 where 'auto' measured the depthwise block
     slower in bfloat16, BatchNorm steering on AMX, else ''.
 
-    >>> _depthwise_rule('bfloat16', 'amx', 'bfloat16', None)
+    >>> _depthwise_treatment('bfloat16', 'amx', 'bfloat16', None)
     'steer BatchNorm'
     """
     if device == GPU or compute == "float32":

@@ -6,7 +6,7 @@
   recording scopes;
 * :func:`hook_block_graphs`: a hybridized block rebuilds a graph built under another AMP
   generation, its input shapes are known while its graph is built, and a graph with
-  depthwise convolutions follows the plan's rule (:mod:`mxamp.runtime.graph_rules`).
+  depthwise convolutions gets the plan's treatment (:mod:`mxamp.runtime.depthwise_graphs`).
 
 :func:`record_input_shapes` (installed by ``import mxamp`` where AMX is on) is not undone: it
 only remembers the shapes each block built its graph with.
@@ -26,7 +26,7 @@ from mxnet.gluon import HybridBlock
 from mxamp import dtypes
 from mxamp.backend import mxnet_private as mxp
 from mxamp.runtime.casting import array_dtype, cast
-from mxamp.runtime.graph_rules import RULE_ATTR, build_graph_by_rule
+from mxamp.runtime.depthwise_graphs import TREATMENT_ATTR, build_depthwise_graph
 from mxamp.runtime.patches import is_replaced, replace
 from mxamp.runtime.state import STATE
 
@@ -150,7 +150,7 @@ def hook_block_graphs():
             # kept for convert_hybrid_block: the AMX guard needs shapes (unknown holds)
             block.__dict__[_INPUT_SHAPES_ATTR] = local.graph_input_shapes
             try:
-                build_graph_by_rule(block, args, _depthwise_rule(block, args))
+                build_depthwise_graph(block, args, _depthwise_treatment(block, args))
                 return original(block, *args)
             finally:
                 local.graph_input_shapes = outer
@@ -161,14 +161,14 @@ def hook_block_graphs():
     replace(HybridBlock, mxp.BLOCK_CALL_METHOD, call_cached_op, kind="block hook")
 
 
-def _depthwise_rule(block, args):
-    """The rule for graphs with depthwise convolutions of a block called on the CPU: the one
+def _depthwise_treatment(block, args):
+    """The treatment of graphs with depthwise convolutions for a block called on the CPU: the one
     ``cast_model`` left on it, else the plan in force's."""
     first = next((a for a in args if isinstance(a, mx.nd.NDArray)), None)
     if first is None or first.context.device_type != "cpu":
         return ""
-    if RULE_ATTR in block.__dict__:
-        return block.__dict__[RULE_ATTR]
+    if TREATMENT_ATTR in block.__dict__:
+        return block.__dict__[TREATMENT_ATTR]
     return STATE.plan.cpu.depthwise_graphs if STATE.plan is not None else ""
 
 
@@ -181,7 +181,7 @@ def record_input_shapes():
     shapes corrupt the heap in float32 (an unknown shape counts as one of them). It costs
     nothing per call: MXNet builds a graph once.
 
-    ``tests/test_graph_rules.py`` installs it in a fresh process and reads what it recorded.
+    ``tests/test_depthwise_graphs.py`` installs it in a fresh process and reads what it recorded.
     """
     original = vars(HybridBlock)[mxp.BLOCK_BUILD_METHOD]
     if getattr(original, "_mxamp_records_shapes", False):

@@ -1,8 +1,8 @@
-"""Rules for whole graphs with depthwise convolutions (``mxamp.runtime.graph_rules``).
+"""The treatment of whole graphs with depthwise convolutions (``mxamp.runtime.depthwise_graphs``).
 
 The decision tests force the CPU class and the probe's timings: they check decisions only. The
-graph tests force the rule and check, by MXNet's own results, that each rule computes what it
-says: the float32 rule gives float32's numbers bit for bit, and steering changes only layouts.
+graph tests force the treatment and check, by MXNet's own results, that each computes what it
+says: the float32 treatment gives float32's numbers bit for bit, and steering changes only layouts.
 """
 import json
 import subprocess
@@ -23,7 +23,7 @@ from mxamp.backend.mxnet_private import BlockView
 from mxamp.lists import get_op_lists
 from mxamp.precision.device_plan import device_plan
 from mxamp.runtime import hooks
-from mxamp.runtime.graph_rules import FLOAT32_GRAPH, STEER_BATCHNORM, STEER_SUFFIX
+from mxamp.runtime.depthwise_graphs import FLOAT32_GRAPH, STEER_BATCHNORM, STEER_SUFFIX
 
 ROOT = __file__.rsplit("/tests/", 1)[0]
 
@@ -48,9 +48,9 @@ def timed_probe(monkeypatch, tmp_path):
     amp.reset()
 
 
-def test_each_request_gets_its_rule_for_depthwise_graphs(timed_probe):
+def test_each_request_gets_its_treatment_of_depthwise_graphs(timed_probe):
     """Checks decisions only: AMX steers BatchNorm; 'auto' keeps depthwise graphs in float32
-    where the probe's depthwise block measured bfloat16 slower; float32 plans need no rule."""
+    where the probe's depthwise block measured bfloat16 slower; float32 plans need none."""
     lists = get_op_lists("bfloat16")
     assert device_plan("bfloat16", lists, "amx").depthwise_graphs == STEER_BATCHNORM
     assert device_plan("bfloat16", lists, "native").depthwise_graphs == ""
@@ -96,11 +96,11 @@ def _graph_ops(net):
     return [(n["op"], n["name"]) for n in _graph_nodes(net)]
 
 
-def test_the_float32_rule_computes_a_depthwise_graph_exactly_as_float32(monkeypatch):
+def test_the_float32_treatment_computes_a_depthwise_graph_exactly_as_float32(monkeypatch):
     reference = _step(_mobile_block())
     amp.init("bfloat16")
     try:
-        monkeypatch.setattr(hooks, "_depthwise_rule", lambda block, args: FLOAT32_GRAPH)
+        monkeypatch.setattr(hooks, "_depthwise_treatment", lambda block, args: FLOAT32_GRAPH)
         net = _mobile_block()
         got = _step(net)
         casts = [n for n in _graph_nodes(net) if n["op"] in ("amp_cast", "amp_multicast")]
@@ -117,7 +117,7 @@ def test_steering_adds_a_reshape_before_each_batchnorm_and_changes_no_math(monke
     amp.init("bfloat16")
     try:
         plain = _step(_mobile_block())
-        monkeypatch.setattr(hooks, "_depthwise_rule", lambda block, args: STEER_BATCHNORM)
+        monkeypatch.setattr(hooks, "_depthwise_treatment", lambda block, args: STEER_BATCHNORM)
         net = _mobile_block()
         steered = _step(net)
         ops = _graph_ops(net)
@@ -171,14 +171,14 @@ def test_import_remembers_block_shapes_where_amx_is_on():
     assert after_reset == {"data": [5, 4]}, "the recorder outlives amp.reset: %s" % after_reset
 
 
-def test_cast_model_follows_the_rule(timed_probe, monkeypatch):
-    """Checks decisions only (forced class and probe timings): O2 leaves its rule on the model
+def test_cast_model_follows_the_treatment(timed_probe, monkeypatch):
+    """Checks decisions only (forced class and probe timings): O2 leaves its treatment on the model
     for the block hook; under 'auto', a depthwise model the probe measured slower stays
     float32, and a model without depthwise convolutions is cast."""
-    from mxamp.runtime.graph_rules import RULE_ATTR
+    from mxamp.runtime.depthwise_graphs import TREATMENT_ATTR
     monkeypatch.setattr(cpu, "_CLASSIFIED", replace(cpu.cpu_features(), bf16_class="amx"))
     steered = amp.cast_model(_mobile_block(), "bfloat16")
-    assert steered.__dict__[RULE_ATTR] == STEER_BATCHNORM
+    assert steered.__dict__[TREATMENT_ATTR] == STEER_BATCHNORM
     monkeypatch.setattr(cpu, "_CLASSIFIED", replace(cpu.cpu_features(), bf16_class="native",
                                                     amx_bf16=False))
     timed_probe(0.5)

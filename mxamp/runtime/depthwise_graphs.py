@@ -1,5 +1,6 @@
-"""Rules for whole graphs, applied while a hybridized block builds its graph: what a
-:class:`~mxamp.precision.device_plan.DevicePlan` asks for graphs with depthwise convolutions.
+"""The treatments of whole graphs with depthwise convolutions: what a
+:class:`~mxamp.precision.device_plan.DevicePlan` asks for them (``depthwise_graphs``), applied
+while a hybridized block builds its graph.
 
 * :data:`STEER_BATCHNORM` (the ``amx`` class): a Reshape before each BatchNorm. With AMX,
   oneDNN 2.4 lays regular convolutions out as nhwc and depthwise ones as nChw16c, so a BatchNorm
@@ -34,8 +35,8 @@ from mxamp.runtime.state import STATE
 STEER_BATCHNORM = "steer BatchNorm"
 #: The graph computes in float32 (AMP, the loss scaler and skipping on).
 FLOAT32_GRAPH = "float32"
-#: Where ``cast_model`` leaves its plan's rule on the model (``amp.init``'s plan holds it too).
-RULE_ATTR = "_mxamp_depthwise_rule"
+#: Where ``cast_model`` leaves its plan's treatment on the model (``amp.init``'s plan holds it too).
+TREATMENT_ATTR = "_mxamp_depthwise_treatment"
 #: The name each steering Reshape gets: the BatchNorm's name and this suffix.
 STEER_SUFFIX = "_mxamp_layout"
 
@@ -77,18 +78,18 @@ def steer_batchnorm(sym):
     return steered.as_np_ndarray() if isinstance(sym, mxp.NumpySymbol) else steered
 
 
-def build_graph_by_rule(block, args, rule):
-    """Trace ``block``'s graph for ``args`` as ``rule`` says, before MXNet builds its cached
+def build_depthwise_graph(block, args, treatment):
+    """Trace ``block``'s graph for ``args`` as ``treatment`` says, before MXNet builds its cached
     op from it; a graph without depthwise convolutions is traced as usual."""
-    if not rule:
+    if not treatment:
         return
     view = mxp.BlockView(block)
     inputs, out = view.trace(*args)   # MXNet's build reuses this trace
     if not has_depthwise_convolution(out):
         return
-    if rule == STEER_BATCHNORM:
+    if treatment == STEER_BATCHNORM:
         view.cached_graph = (inputs, steer_batchnorm(out))
-    elif rule == FLOAT32_GRAPH:
+    elif treatment == FLOAT32_GRAPH:
         view.cached_graph = ()
         with STATE.disabled_region():
             view.trace(*args)
