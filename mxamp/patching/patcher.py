@@ -114,23 +114,21 @@ def init(target_dtype=None, target_precision_ops=None, conditional_fp32_ops=None
     compute elsewhere (with one log line saying why; AMP, and so the loss scaler's skipping of
     non-finite steps, stays on). Without ``target_dtype`` it is what ``mxamp.install`` set,
     else float16 in a process with a GPU (the reference's default) and ``'auto'`` without one
-    (one INFO line says so). ``layout_optimization`` (NVIDIA's GPU layout pass) is accepted;
-    mxamp has no such pass, and ``True`` warns once. ``target_precision_ops``, ``fp32_ops`` (op
-    names) and ``conditional_fp32_ops`` (``(op, parameter, [values])``) replace the default
-    list of their category; names appended to the reference's module lists
+    (one INFO line says so). ``layout_optimization=True`` (NVIDIA's GPU pass) warns once.
+    ``target_precision_ops``, ``fp32_ops`` (op names) and ``conditional_fp32_ops``
+    (``(op, parameter, [values])``) replace the default list of their category; names appended to the reference's module lists
     (``amp.lists.symbol_fp16.FP32_FUNCS``, ...) before ``init`` take effect too. Calling
     ``init`` again with no arguments, or with the same ones, keeps the configuration in force
     (as the reference does); other explicit arguments raise ``RuntimeError`` naming both
-    requests (call :func:`reset` first). Hybridized blocks that already built their
-    graph rebuild it on their next call. ``policy`` (mxamp's, not the reference's) is a
-    :class:`~mxamp.precision.policy.Policy` that :func:`mxamp.tuning.tune` chose: its target and op-list
-    additions apply (a float32 policy keeps AMP on with float32 compute). Everything is decided
-    by :func:`mxamp.precision.plan.make`; ``amp.patch_state()`` and ``amp.precision_of`` read its plan.
+    requests (call :func:`reset` first). Hybridized blocks rebuild their graph at their next
+    call. ``policy`` (mxamp's) is a :class:`~mxamp.precision.policy.Policy` that
+    :func:`mxamp.tuning.tune` chose (a float32 policy keeps AMP on with float32 compute).
+    :func:`mxamp.precision.plan.make` decides; ``amp.patch_state()`` reads its plan.
 
     On a CPU, ops without a kernel for the target compute in float32 with their inputs cast
-    (float16 on any CPU; bfloat16 on CPUs of class 'none', see :mod:`mxamp.precision.device_plan`), and a
-    bfloat16 request on a CPU that lacks kernels or only emulates them warns once. Where
-    nothing can run in low precision, training gives float32's results bit for bit.
+    (float16 on any CPU; bfloat16 on class 'none', :mod:`mxamp.precision.device_plan`), and a
+    bfloat16 request there or on an emulating CPU warns once; training then gives float32's
+    results bit for bit.
     Bad arguments raise :class:`~mxamp.errors.AmpArgumentError` and leave AMP as it was.
 
     >>> import mxnet as mx

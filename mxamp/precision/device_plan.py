@@ -262,9 +262,9 @@ def cpu_notice(dplan):
         return ("mxamp: bfloat16 on AMX tiles (in effect: %s). oneDNN 2.4's AMX support is "
                 "initial, and mxamp works around it: 1x1 convolutions of the shapes that corrupt "
                 "the heap stay float32 (python -m mxamp.lists --explain Convolution), and in "
-                "graphs with depthwise convolutions BatchNorm backward is steered off its reference "
-                "kernel; such graphs still measured about 0.5x float32 (MobileNet 1.0 training), "
-                "so target_dtype='auto' keeps them in float32 when the probe's depthwise block "
+                "hybridized graphs with depthwise convolutions BatchNorm backward is steered off "
+                "its reference kernel (call net.hybridize()); such graphs still measured about "
+                "0.5x float32 (MobileNet 1.0 training), so target_dtype='auto' keeps them in float32 when the probe's depthwise block "
                 "is slower in bfloat16, and amp.tune(net, batch) times your own model and keeps "
                 "float32 where bfloat16 loses. MXAMP_AMX=0 turns AMX off."
                 % (cpu_features().amx_check or "unchecked"))
