@@ -31,7 +31,8 @@ turns them on: it asks Linux for the AMX tile state, hands oneDNN
 handles both on the ``amx`` class: the family of bfloat16 1x1 convolutions that corrupt the heap
 stays float32 (the AMX guard, ``python -m mxamp.lists --explain Convolution``; 26 of 125 scanned
 shapes crashed, all inside it), and BatchNorm between depthwise and regular convolutions, whose
-backward falls to a reference kernel, is steered to a jit kernel (:mod:`mxamp.runtime.depthwise_graphs`).
+backward falls to a reference kernel, is steered to a jit kernel
+(:mod:`mxamp.runtime.depthwise_graphs`).
 
 Import order: AMX is in effect when ``import mxamp`` comes before the first oneDNN operator
 (FullyConnected, Convolution, Activation, BatchNorm, ...) of the process; ``import mxnet``

@@ -221,7 +221,7 @@ def _workloads():
             y = nd["Convolution"](y, weight, kernel=(kernel, kernel), pad=(kernel // 2,) * 2,
                                   num_filter=64, num_group=groups, no_bias=True)
             if steer and y.dtype != np.float32:
-                y = nd["reshape"](y, shape=(0, 0, 0, 0))
+                y = nd["reshape"](y, shape=(-2,))   # the same Reshape the graph gets
             y = nd["Activation"](nd["BatchNorm"](y, gamma, beta, mean, var, fix_gamma=False),
                                  act_type="relu")
         return y

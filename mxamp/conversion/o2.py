@@ -50,13 +50,13 @@ from mxamp.backend.devices import device_of
 from mxamp import dtypes
 from mxamp.precision import plan
 from mxamp.runtime.casting import cast
-from mxamp.runtime.depthwise_graphs import FLOAT32_GRAPH, TREATMENT_ATTR, has_depthwise_layers
+from mxamp.runtime.depthwise_graphs import FLOAT32_GRAPH, TREATMENT_ATTR
 from mxamp.runtime.hooks import building_input_shapes, fix_astype, hook_block_graphs
 from mxamp.errors import AmpArgumentError, as_input_tuple
 from mxamp.lists.float16 import NO_CPU_KERNEL, NO_CPU_KERNEL_WHY
 from mxamp.backend.graphs import symbol_data_shape
 from mxamp.conversion.graph import block_context
-from mxamp.backend.mxnet_private import BlockView, ParamView
+from mxamp.backend.mxnet_private import BlockView, ParamView, convolution_groups
 from mxamp.runtime.state import STATE
 
 LOG = logging.getLogger(__name__)
@@ -297,11 +297,11 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
     _finish_init(block, example_inputs)
     amp_plan = plan.make(requested, [device_of(block_context(block))])
     target, here = amp_plan.target, amp_plan.primary
-    if requested == dtypes.AUTO and not here.low_precision:
+    # describe() says why: float32 compute, or a float32 treatment of depthwise graphs
+    if (requested == dtypes.AUTO and not here.low_precision) or (
+            here.depthwise_graphs == FLOAT32_GRAPH
+            and any(convolution_groups(b) > 1 for b in _all_blocks(block))):
         LOG.info("mxamp: cast_model: %s; the model stays float32", amp_plan.describe())
-        return block
-    if here.depthwise_graphs == FLOAT32_GRAPH and has_depthwise_layers(block):
-        LOG.info("mxamp: cast_model: %s; depthwise layers: stays float32", amp_plan.describe())
         return block
     low, islands = _plan(block, target, excluded)
     _check_device(block, target, low)

@@ -19,10 +19,10 @@ request      GPU        CPU ``amx``/``native``   CPU ``emulated``     CPU ``none
 
 Graphs with depthwise convolutions get one more decision, their treatment
 (:attr:`DevicePlan.depthwise_graphs`), which the hybridized-block hook applies when such a graph
-is built: on ``amx``, BatchNorm is
-steered off oneDNN 2.4's reference backward kernel (:data:`STEER_BATCHNORM`); under ``'auto'``,
-where the probe's depthwise block measured bfloat16 slower than float32, the whole graph
-computes in float32 (:data:`FLOAT32_GRAPH`).
+is built (:mod:`mxamp.runtime.depthwise_graphs`): on ``amx``, BatchNorm is steered off oneDNN
+2.4's reference backward kernel (``STEER_BATCHNORM``); under ``'auto'``, where the probe's
+depthwise block measured bfloat16 slower than float32, the whole graph computes in float32
+(``FLOAT32_GRAPH``).
 
 Where a plan computes in float32, AMP stays on: ``amp.init_trainer``'s scaler still skips
 steps with non-finite gradients, and a model behaves, bit for bit, as in float32.
@@ -42,15 +42,7 @@ from mxamp.backend.devices import GPU, cpu_class
 from mxamp.backend.probe import MIN_SPEEDUP, known_result, machine_probe, probe_enabled
 from mxamp.errors import AmpArgumentError
 from mxamp.lists.float16 import NO_CPU_KERNEL_WHY
-
-#: ``depthwise_graphs``: a Reshape before each BatchNorm, so that oneDNN 2.4 hands BatchNorm's
-#: backward one layout on both sides (AMX lays out depthwise and regular convolutions
-#: differently, and only the reference kernel takes two). MobileNet 1.0 training on an AMX
-#: Xeon: 2761 -> 305 ms a step (float32: 156 ms; 4 threads, 2026-11-26).
-STEER_BATCHNORM = "steer BatchNorm"
-#: ``depthwise_graphs``: the graph computes in float32 (AMP, the loss scaler and skipping on).
-FLOAT32_GRAPH = "float32"
-
+from mxamp.runtime.depthwise_graphs import FLOAT32_GRAPH, STEER_BATCHNORM
 
 
 @dataclass(frozen=True)
@@ -264,9 +256,10 @@ def cpu_notice(dplan):
                 "the heap stay float32 (python -m mxamp.lists --explain Convolution), and in "
                 "hybridized graphs with depthwise convolutions BatchNorm backward is steered off "
                 "its reference kernel (call net.hybridize()); such graphs still measured about "
-                "0.5x float32 (MobileNet 1.0 training), so target_dtype='auto' keeps them in float32 when the probe's depthwise block "
-                "is slower in bfloat16, and amp.tune(net, batch) times your own model and keeps "
-                "float32 where bfloat16 loses. MXAMP_AMX=0 turns AMX off."
+                "0.5x float32 (MobileNet 1.0 training), so target_dtype='auto' keeps them in "
+                "float32 when the probe's depthwise block is slower in bfloat16, and "
+                "amp.tune(net, batch) times your own model and keeps float32 where bfloat16 "
+                "loses. MXAMP_AMX=0 turns AMX off."
                 % (cpu_features().amx_check or "unchecked"))
     if p.device == "emulated":
         return ("mxamp: this CPU emulates bfloat16 (CPU class 'emulated'%s): bfloat16 runs "

@@ -47,13 +47,6 @@ def has_depthwise_convolution(sym):
                for node in json.loads(sym.tojson(remove_amp_cast=False))["nodes"])
 
 
-def has_depthwise_layers(block):
-    """True when a Gluon model has a convolution layer with more than one group."""
-    view = mxp.BlockView(block)
-    return mxp.convolution_groups(block) > 1 or any(
-        has_depthwise_layers(child) for child in view.children.values())
-
-
 def steer_batchnorm(sym):
     """``sym`` with a Reshape to the same shape (``shape=(-2,)``) before each BatchNorm's data."""
     graph = json.loads(sym.tojson(remove_amp_cast=False))
