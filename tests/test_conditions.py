@@ -29,6 +29,12 @@ def forced_class(monkeypatch):
     amp.reset()
 
 
+def _in_layer_order(names):
+    """Layer names by their number: Gluon numbers layers per process, and conv9 comes before
+    conv10."""
+    return sorted(names, key=lambda n: int("".join(c for c in n if c.isdigit())))
+
+
 def _graph_casts(sym):
     """{op node name: the dtype its data input has in the graph} (inputs typed float32; None
     where MXNet cannot tell, as for an input of unknown dtype)."""
@@ -141,9 +147,7 @@ def test_conditional_lists_in_symbols_and_hybridized_graphs(forced_class):
     net.initialize()
     graph = net(mx.sym.var("data"))   # the graph hybridize() builds
     casts = _graph_casts(graph)
-    # Gluon numbers layers per process: conv9 comes before conv10
-    conv0, conv1 = sorted((n for n in casts if n.endswith("fwd")),
-                          key=lambda n: int("".join(c for c in n if c.isdigit())))
+    conv0, conv1 = _in_layer_order(n for n in casts if n.endswith("fwd"))
     assert casts[conv0] in (None, "float32") and casts[conv1] == "bfloat16", casts
 
 
@@ -187,9 +191,7 @@ def test_shape_conditions_in_ndarray_symbol_and_convert(forced_class):
     lp = amp.convert_symbol(net(mx.sym.var("data", shape=(8, 3, 64, 64))), "bfloat16",
                             conditional_fp32_ops=stem_rule)
     casts = _graph_casts(lp)
-    # Gluon numbers layers per process: conv9 comes before conv10
-    conv0, conv1 = sorted((n for n in casts if n.endswith("fwd")),
-                          key=lambda n: int("".join(c for c in n if c.isdigit())))
+    conv0, conv1 = _in_layer_order(n for n in casts if n.endswith("fwd"))
     assert casts[conv0] != "bfloat16" and casts[conv1] == "bfloat16", casts
 
 
@@ -266,9 +268,7 @@ def test_amx_guard_in_convert_and_cast_model(forced_class):
     net.hybridize()
     lp = amp.convert_hybrid_block(net, "bfloat16", example_inputs=mx.nd.ones(GUARDED))
     casts = _graph_casts(lp(mx.sym.var("data")))
-    # Gluon numbers layers per process: conv9 comes before conv10
-    conv0, conv1 = sorted((n for n in casts if n.endswith("fwd")),
-                          key=lambda n: int("".join(c for c in n if c.isdigit())))
+    conv0, conv1 = _in_layer_order(n for n in casts if n.endswith("fwd"))
     assert casts[conv0] != "bfloat16" and casts[conv1] == "bfloat16", casts
 
     o2 = mx.gluon.nn.HybridSequential()

@@ -126,12 +126,12 @@ PRELUDES = {
 }
 
 
-@pytest.mark.parametrize("opt_in", [True, False], ids=["default", "MXAMP_AMX=0"])
+@pytest.mark.parametrize("amx_on", [True, False], ids=["default", "MXAMP_AMX=0"])
 @pytest.mark.parametrize("order", list(PRELUDES))
-def test_amx_is_on_by_default_and_reported_as_it_is(order, opt_in):
+def test_amx_is_on_by_default_and_reported_as_it_is(order, amx_on):
     """AMX is on unless MXAMP_AMX=0; where it is asked for, ``amx_in_effect`` says whether
     oneDNN really uses it (its own ISA report is the judge), and a late request warns."""
-    env = {cpu.ENABLE_ENV: "" if opt_in else "0"}
+    env = {cpu.ENABLE_ENV: "" if amx_on else "0"}
     code = "import warnings\nwarnings.simplefilter('always')\n" + PRELUDES[order] + \
         "import mxamp\n" + BF16_FC_PROBE
     result, verbose, stderr = _run(code, **env)
@@ -149,8 +149,8 @@ def test_amx_is_on_by_default_and_reported_as_it_is(order, opt_in):
         "the assumption that a bf16 GEMM >= %.1fx float32 means AMX (mxamp/backend/amx.py)"
         % (features["amx_in_effect"], features["amx_check"], isa, cpu.AMX_MIN_SPEEDUP))
     can_amx = _machine_can_use_amx() and _outer_cap() is None
-    print("order %s, opt-in %s, machine can use AMX: %s; %s" % (order, opt_in, can_amx, isa))
-    if not (opt_in and can_amx):
+    print("order %s, AMX on %s, machine can use AMX: %s; %s" % (order, amx_on, can_amx, isa))
+    if not (amx_on and can_amx):
         assert not features["amx_enabled"], "AMX must stay off with MXAMP_AMX=0: %s" % features
         assert features["reason"], "no reason given for leaving AMX off: %s" % features
         assert not onednn_uses_amx, isa
