@@ -302,6 +302,8 @@ def main(argv=None):
         result, code = {"status": "error", "error": "%s: %s" % (type(err).__name__, lines[-1])}, 1
     result.update(workload=args.workload, mode=args.mode,
                   maxrss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+                  # amp.tune's trials run in forked copies: the largest copy's peak
+                  trials_maxrss_mb=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0,
                   loadavg=os.getloadavg()[0])
     print("RESULT " + json.dumps(result), flush=True)
     return code

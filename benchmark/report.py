@@ -204,6 +204,13 @@ def memory_tables(cells, quick=False):
         row = [title] + [_cell(cells.get((name, mode)), "maxrss_mb", "%.0f") for mode, _ in COLUMNS]
         row += [_ratio_text(memory_ratio(cells, name, m, b)) for _, m, b in MEMORY_RATIOS]
         lines.append("| " + " | ".join(row) + " |")
+    trials = ["%s %.0f MB" % (title, cells[(name, "mxamp_tuned")]["trials_maxrss_mb"])
+              for name, title in rows
+              if cells.get((name, "mxamp_tuned"), {}).get("trials_maxrss_mb")]
+    if trials:
+        lines += ["", "`amp.tune` times each candidate in a forked copy of the process, whose "
+                  "memory ends with it (not in the tuned column); the largest copy's peak: "
+                  + "; ".join(trials) + "."]
     lines += ["", "Above the model's baseline (peak after the model, AMP, O2's cast and tuning "
               "were set up, before the first step): what the steps added (MB):", "",
               "| workload | " + " | ".join(t for _, t in COLUMNS) + " |",

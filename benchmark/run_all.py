@@ -176,6 +176,7 @@ def summarize(runs):
                         spread_ms=[min(r["median_ms"] for r in ok),
                                    max(r["median_ms"] for r in ok)],
                         maxrss_mb=max(r.get("maxrss_mb", 0) for r in ok),
+                        trials_maxrss_mb=max(r.get("trials_maxrss_mb", 0) for r in ok),
                         median_cpu_ms=statistics.median(r.get("median_cpu_ms", 0) for r in ok),
                         loadavg=statistics.median(r.get("loadavg", 0) for r in ok))
             for key_mb in ACCOUNT_KEYS:

@@ -20,20 +20,20 @@ take (``policy.init_kwargs()``), saved beside the model (``policy.save(path)``,
 ``Policy.load(path)``) and explained (``policy.explain()``). Candidates come from the model's
 graph: bfloat16 everywhere, and bfloat16 with float32 for the stem convolution (few input
 channels), depthwise convolutions, BatchNorm, where the model has them. Tuning runs forward and
-backward passes (or forward only, ``train=False``) and restores every parameter, gradient and
-BatchNorm statistic afterwards, so the model's numbers do not change.
+backward passes (or forward only, ``train=False``), each candidate in a forked copy of the
+process (:mod:`mxamp.backend.forked`): what a trial allocates ends with its copy, and the model
+in this process is never touched. Where trials run in the process (a GPU, no ``os.fork``,
+``MXAMP_TUNE_FORK=0``), every parameter, gradient and BatchNorm statistic is restored
+afterwards, so the model's numbers do not change either way.
 """
-import atexit
-import json
 import math
-import os
-import shutil
 import sys
-import tempfile
 
 import mxnet as mx
 
+from mxamp.backend import env
 from mxamp.backend.devices import GPU, device_of
+from mxamp.backend.forked import FORK_AVAILABLE, ForkedCallDied, call_in_fork
 from mxamp.precision.device_plan import target_for
 from mxamp import dtypes
 from mxamp.patching import patcher as patching
@@ -45,7 +45,7 @@ from mxamp.precision.policy import FLOAT32, Policy, format_table
 from mxamp.backend.graphs import data_shapes_of, graph_nodes
 from mxamp.backend.heap import release_free_memory
 from mxamp.runtime.casting import cast
-from mxamp.backend.timing import time_calls
+from mxamp.backend.timing import costliest_ops, profile_file, time_calls
 
 #: A candidate must beat float32 by this margin to be kept (timing noise on small steps).
 MIN_GAIN = 1.02
@@ -211,7 +211,7 @@ def _time_policy(policy, step, steps, profile, give_up_ms=math.inf,
     step()  # warm-up: the graph is rebuilt for this policy, oneDNN primitives are created
     if profile:
         mx.profiler.set_config(profile_all=True, aggregate_stats=True,
-                               filename=_profile_file())
+                               filename=profile_file())
         mx.profiler.set_state("run")
     timing = None
     try:
@@ -221,32 +221,9 @@ def _time_policy(policy, step, steps, profile, give_up_ms=math.inf,
         top = []
         if profile:
             mx.profiler.set_state("stop")
-            top = _top_ops(mx.profiler.dumps(reset=True, format="json"),
-                           len(timing.samples) if timing else 0)
+            top = costliest_ops(mx.profiler.dumps(reset=True, format="json"),
+                                len(timing.samples) if timing else 0)
     return timing.best * 1e3, top
-
-
-_PROFILE_DIR = []
-
-
-def _profile_file():
-    """A file of mxamp's own for MXNet's profiler trace, which tune never reads (it reads the
-    aggregate table). Not os.devnull: stopping the profiler deletes its file and writes a new
-    one, which as root replaced /dev/null with a regular file (seen on this project's CI)."""
-    if not _PROFILE_DIR:
-        folder = tempfile.mkdtemp(prefix="mxamp-tune-")
-        atexit.register(shutil.rmtree, folder, True)
-        _PROFILE_DIR.append(folder)
-    return os.path.join(_PROFILE_DIR[0], "profile.json")
-
-
-def _top_ops(dump, steps, count=5):
-    try:
-        ops = json.loads(dump)["Time"].get("operator", {})
-    except (ValueError, KeyError):
-        return []
-    ranked = sorted(ops.items(), key=lambda kv: -kv[1].get("Total", 0))[:count]
-    return [[name, round(stats["Total"] / max(steps, 1), 2)] for name, stats in ranked]
 
 
 def tune(net, example_batch, loss_fn=None, trainer=None, target_dtype="auto", train=True,
@@ -256,16 +233,15 @@ def tune(net, example_batch, loss_fn=None, trainer=None, target_dtype="auto", tr
 
     ``example_batch`` is an NDArray or a tuple of them (one per forward argument); ``loss_fn``
     maps the outputs to the loss (default: the outputs themselves); ``train=False`` times
-    inference. ``trainer`` is accepted for symmetry with training scripts and left untouched
-    (no optimizer step runs). Each candidate costs one warm-up and up to ``steps`` timed passes
-    (one where a pass takes ``ENOUGH_SECONDS`` or more, or is ``RACE_MARGIN`` slower than the
-    fastest so far); where nothing computes in the target, only float32 is timed;
-    every parameter, gradient and BatchNorm statistic is restored afterwards. Variants that
-    cannot win are not timed: BatchNorm in float32 only where BatchNorm is among the target's 5
-    costliest ops, stem+depthwise only where each alone was faster than the target everywhere
-    (``candidates_`` given: every one is timed). Tuning resets
-    AMP; with ``apply=True`` the chosen policy is then put in force with ``amp.init`` (float32:
-    AMP stays off), with ``apply=False`` AMP is left off.
+    inference. ``trainer`` is accepted for symmetry with training scripts and left untouched.
+    Each candidate runs in a forked copy of the process (the module's docstring) and costs one
+    warm-up and up to ``steps`` timed passes (one where a pass takes ``ENOUGH_SECONDS`` or more,
+    or is ``RACE_MARGIN`` slower than the fastest so far); a copy that dies is a failed row.
+    Where nothing computes in the target, only float32 is timed. Variants that cannot win are
+    not timed: BatchNorm in float32 only where BatchNorm is among the target's 5 costliest ops,
+    stem+depthwise only where each alone beat the target (``candidates_`` given: every one is
+    timed). Tuning resets AMP; with ``apply=True`` the chosen policy is then put in force with
+    ``amp.init`` (float32: AMP stays off), with ``apply=False`` AMP is left off.
     The table (policy, ms per step, ratio to float32, the 5 costliest ops) goes to ``report``
     (None: silent) and to ``policy.table``.
     """
@@ -321,25 +297,50 @@ def _finish_deferred_init(net, batch):
 
 def _time_policies(net, batch, policies, loss_fn, train, steps, profile, target, prune):
     """(table rows, policies timed): each policy timed in turn (with ``prune``, variants that
-    cannot win are skipped), then AMP reset and the model's numbers restored."""
-    snapshot = _Snapshot(net)
+    cannot win are skipped), then AMP reset (and, for trials run in the process, the model's
+    numbers restored). Trials run in forked copies on a CPU where Python can fork, unless
+    ``MXAMP_TUNE_FORK=0`` (CUDA does not survive a fork)."""
+    forked = (FORK_AVAILABLE and device_of(batch[0].context) != GPU
+              and env.flag("MXAMP_TUNE_FORK"))
+    snapshot = None if forked else _Snapshot(net)
     step = _step_fn(net, batch, loss_fn, train)
+    if profile:
+        profile_file()   # the folder is this process's, removed when it exits
     rows, timed = [], []
     try:
         for policy in policies:
             if prune and not _worth_timing(policy, rows, target):
                 continue
-            fastest = min((r["ms"] for r in rows), default=math.inf)
-            ms, top = _time_policy(policy, step, steps, profile,
-                                   give_up_ms=RACE_MARGIN * fastest)
-            release_free_memory()   # the next trial reuses pages, not the heap's high mark
-            rows.append({"name": policy.name, "ms": round(ms, 2), "top_ops": top})
+            fastest = min((r["ms"] for r in rows if not r.get("error")), default=math.inf)
+            rows.append(_trial(policy, step, steps, profile, RACE_MARGIN * fastest, forked))
             timed.append(policy)
     finally:
         patching.reset()
-        snapshot.restore()
+        if snapshot is not None:
+            snapshot.restore()
         release_free_memory()
     return rows, timed
+
+
+def _trial(policy, step, steps, profile, give_up_ms, forked):
+    """``policy``'s table row, timed in a forked copy of the process where ``forked``. A copy that
+    dies (a crash in a kernel) gives a failed row, never chosen; float32's is re-raised, since
+    without it nothing can be compared."""
+    def timed():
+        return _time_policy(policy, step, steps, profile, give_up_ms=give_up_ms)
+
+    if not forked:
+        ms, top = timed()
+        release_free_memory()   # the next trial reuses pages, not the heap's high mark
+        return {"name": policy.name, "ms": round(ms, 2), "top_ops": top}
+    try:
+        ms, top = call_in_fork(timed)
+    except ForkedCallDied as died:
+        if policy.target == FLOAT32:
+            raise ForkedCallDied("tune: timing float32 %s; the model fails without AMP, so "
+                                 "run one float32 step to see why" % died) from None
+        return {"name": policy.name, "ms": 0.0, "top_ops": [], "error": str(died)}
+    return {"name": policy.name, "ms": round(ms, 2), "top_ops": top}
 
 
 def _choose(rows, here, target):

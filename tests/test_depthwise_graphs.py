@@ -188,3 +188,31 @@ def test_cast_model_follows_the_treatment(timed_probe, monkeypatch):
     dense.add(nn.Dense(4, in_units=8))
     dense.initialize()
     assert amp.cast_model(dense, "auto")[0].weight.dtype != np.float32
+
+
+def test_gluoncv_yolov3_training_graph_is_steered(monkeypatch):
+    """Checks decisions only (forced class ``amx``): the client that found the reference kernel,
+    GluonCV's YOLOv3 with a MobileNet 1.0 backbone, hybridizes its training forward (losses
+    from the images and the targets in one graph); every BatchNorm of that graph is steered."""
+    from gluoncv.data.transforms.presets.yolo import YOLO3DefaultTrainTransform
+    from gluoncv.model_zoo import get_model
+    monkeypatch.setattr(cpu, "_CLASSIFIED", replace(cpu.cpu_features(), bf16_class="amx"))
+    net = get_model("yolo3_mobilenet1.0_voc", pretrained_base=False)
+    net.initialize()
+    image = mx.nd.array(np.random.RandomState(0).randint(0, 255, (128, 128, 3)), dtype="uint8")
+    boxes = np.array([[10, 20, 100, 110, 3]], dtype="float32")
+    sample = YOLO3DefaultTrainTransform(128, 128, net)(image, boxes)
+    batch = [mx.nd.expand_dims(a, 0) for a in sample]
+    net.hybridize()
+    amp.init("bfloat16")
+    try:
+        with autograd.record():
+            losses = net(batch[0], batch[6], *batch[1:6])
+        autograd.backward(losses)
+        ops = _graph_ops(net)
+    finally:
+        amp.reset()
+    batchnorms = [name for op, name in ops if op == "BatchNorm"]
+    reshapes = [name for op, name in ops if op == "Reshape" and name.endswith(STEER_SUFFIX)]
+    assert len(batchnorms) > 40, "not YOLOv3's training graph: %d BatchNorms" % len(batchnorms)
+    assert reshapes == [b + STEER_SUFFIX for b in batchnorms], (len(reshapes), len(batchnorms))

@@ -28,6 +28,8 @@ VARIABLES = {
     "MXAMP_PROBE": (True, "off: 'auto' follows the CPU class alone, no measurement"),
     "MXAMP_PROBE_CACHE": (True, "off: the probe neither reads nor writes its cache file"),
     "MXAMP_REPROBE": (False, "on: measure again even where the cache has a result"),
+    "MXAMP_TUNE_FORK": (True, "off: amp.tune times its candidates in this process instead of a "
+                              "forked copy (their memory then stays with the process)"),
     "DNNL_MAX_CPU_ISA": (None, "oneDNN's ISA cap (AVX2, AVX512_CORE, AVX512_CORE_BF16, "
                                "AVX512_CORE_AMX); a cap you set wins over mxamp's"),
     "MKLDNN_MAX_CPU_ISA": (None, "the older spelling of DNNL_MAX_CPU_ISA"),

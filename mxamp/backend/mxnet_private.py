@@ -38,6 +38,22 @@ c_array_buf, c_str_array, SymbolHandle = _base.c_array_buf, _base.c_str_array, _
 MXNetError = _base.MXNetError
 
 
+def to_default_layout(array):
+    """Put ``array``'s storage back into MXNet's default layout, in place; nothing where it is.
+
+    After a float32 inference pass, MXNet leaves some weights in oneDNN's blocked layout
+    (grouped convolutions store 5-D blocks), and ``amp_cast`` of such a weight to bfloat16
+    fails with "could not create a primitive descriptor for a reorder primitive".
+    ``MXNDArrayGetData`` reorders a oneDNN array to the default layout before it hands out the
+    pointer, which is all this uses it for.
+
+    >>> import mxnet as mx
+    >>> to_default_layout(mx.nd.ones((2, 2)))
+    """
+    pointer = ctypes.c_void_p()
+    check_call(LIB.MXNDArrayGetData(array.handle, ctypes.byref(pointer)))
+
+
 def list_op_names():
     """Every operator name registered in libmxnet, aliases included.
 

@@ -63,3 +63,38 @@ def time_calls(call, repeats=3, warmup=1, min_seconds=0.0, at_most=None, stop=No
         if len(samples) >= repeats and sum(samples) >= min_seconds:
             break
     return Timing(samples)
+
+
+_PROFILE_DIR = []
+
+
+def profile_file():
+    """A file of mxamp's own for MXNet's profiler trace, which ``amp.tune`` never reads (it
+    reads the aggregate table). Not os.devnull: stopping the profiler deletes its file and
+    writes a new one, which as root replaced /dev/null with a regular file (seen on this
+    project's CI). The folder is removed when the process that made it exits."""
+    import atexit
+    import os
+    import shutil
+    import tempfile
+    if not _PROFILE_DIR:
+        folder = tempfile.mkdtemp(prefix="mxamp-tune-")
+        atexit.register(shutil.rmtree, folder, True)
+        _PROFILE_DIR.append(folder)
+    return os.path.join(_PROFILE_DIR[0], "profile.json")
+
+
+def costliest_ops(dump, steps, count=5):
+    """``[[op, ms per step], ...]``: the ``count`` costliest operators of MXNet's aggregate
+    profile ``dump`` (its JSON), over ``steps`` timed passes.
+
+    >>> costliest_ops('{"Time": {"operator": {"Convolution": {"Total": 8.0}}}}', 2)
+    [['Convolution', 4.0]]
+    """
+    import json
+    try:
+        ops = json.loads(dump)["Time"].get("operator", {})
+    except (ValueError, KeyError):
+        return []
+    ranked = sorted(ops.items(), key=lambda kv: -kv[1].get("Total", 0))[:count]
+    return [[name, round(stats["Total"] / max(steps, 1), 2)] for name, stats in ranked]

@@ -150,6 +150,8 @@ def format_table(rows):
     lines = ["  %-34s %10s %8s  %s" % ("policy", "ms/step", "vs fp32", "costliest ops (ms)")]
     for row in rows:
         ops = ", ".join("%s %.1f" % (op_label(name), ms) for name, ms in row.get("top_ops", []))
+        if row.get("error"):
+            ops = "failed: %s" % row["error"]
         lines.append("  %-34s %10.1f %7.2fx  %s%s" % (row["name"], row["ms"], row["ratio"], ops,
                                                       "  <= chosen" if row.get("chosen") else ""))
     return "\n".join(lines)

@@ -150,6 +150,7 @@ def hook_block_graphs():
             # kept for convert_hybrid_block: the AMX guard needs shapes (unknown holds)
             block.__dict__[_INPUT_SHAPES_ATTR] = local.graph_input_shapes
             try:
+                _weights_to_default_layout(block)
                 build_depthwise_graph(block, args, _depthwise_treatment(block, args))
                 return original(block, *args)
             finally:
@@ -159,6 +160,16 @@ def hook_block_graphs():
     call_cached_op.__name__ = original.__name__
     call_cached_op.__doc__ = original.__doc__
     replace(HybridBlock, mxp.BLOCK_CALL_METHOD, call_cached_op, kind="block hook")
+
+
+def _weights_to_default_layout(block):
+    """Before a graph with AMP's casts is built: weights that a float32 inference pass left in
+    oneDNN's blocked layout go back to MXNet's (``mxnet_private.to_default_layout``), which
+    ``amp_cast`` can read. Once per graph, not per call."""
+    for param in block.collect_params().values():
+        for array in mxp.ParamView(param).data or ():
+            if array.context.device_type == "cpu":
+                mxp.to_default_layout(array)
 
 
 def _depthwise_treatment(block, args):
