@@ -251,7 +251,6 @@ def tune(net, example_batch, loss_fn=None, trainer=None, target_dtype="auto", tr
     target = target_for(target_dtype, device)
     here = plan.make(target, [device]).primary
     policies = _policies_to_time(net, batch, target, here, train, candidates_)
-    _finish_deferred_init(net, batch)
     rows, policies = _time_policies(net, batch, policies, loss_fn, train, steps, profile, target,
                                     prune=candidates_ is None)
     best, why = _choose(rows, here, target)
@@ -288,7 +287,8 @@ def _policies_to_time(net, batch, target, here, train, candidates_):
 
 def _finish_deferred_init(net, batch):
     """Give deferred parameters their shapes, so that the snapshot holds every parameter and
-    BatchNorm statistic that the timing changes."""
+    BatchNorm statistic that the timing changes (in this process: a float32 inference pass of
+    the batch, whose activations raise the process's peak)."""
     if any(ParamView(p).data is None for p in net.collect_params().values()):
         # an inference pass initialises them and changes no statistic
         with patching.disabled(), mx.autograd.predict_mode():
@@ -302,7 +302,10 @@ def _time_policies(net, batch, policies, loss_fn, train, steps, profile, target,
     ``MXAMP_TUNE_FORK=0`` (CUDA does not survive a fork)."""
     forked = (FORK_AVAILABLE and device_of(batch[0].context) != GPU
               and env.flag("MXAMP_TUNE_FORK"))
-    snapshot = None if forked else _Snapshot(net)
+    snapshot = None
+    if not forked:   # a forked copy finishes deferred initialisation in its own first pass
+        _finish_deferred_init(net, batch)
+        snapshot = _Snapshot(net)
     step = _step_fn(net, batch, loss_fn, train)
     if profile:
         profile_file()   # the folder is this process's, removed when it exits
