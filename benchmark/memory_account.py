@@ -8,13 +8,17 @@ timing. Three sources, each honest about what it sees:
 * ``account``: exact bytes of the arrays the model and the trainer hold, counted from their
   shapes and dtypes: parameters, gradients, optimizer state (float32 masters included) and
   mxamp's float32 workspace.
-* ``step_storage_mb``: how far the first step grows MXNet's own storage above its start
-  (MXNet's storage profiler, its ``Memory: cpu/0`` counter, which sees every allocation and
-  free). Minus what ``account`` counts new after that step (optimizer state, masters,
-  workspace, parameters initialised late), what remains is what the step's graph holds or
-  passes through at its peak: activations kept for backward, cast copies, workspaces.
-  MXNet's profiler finishes one trace per process, so the worker profiles its first
-  (untimed) step only.
+* ``weight_casts_mb``: the low-precision copies of parameters that the hybridized graph makes
+  every step (``amp_cast`` of a parameter), counted from the graph and the parameters'
+  shapes. Autograd keeps each until the backward of the layer that used it, so they are part
+  of the step's storage (below), beside the activations.
+* ``step_storage_mb``: how far one step grows MXNet's own storage above its start (MXNet's
+  storage profiler, its ``Memory: cpu/0`` counter, which sees every allocation and free).
+  The worker profiles the second step: the first makes the optimizer state, mxamp's
+  workspace and late-initialised parameters, which would otherwise count as the step's. What
+  it measures is what the step's graph holds or passes through at its peak: activations
+  kept for backward, cast copies, temporaries. MXNet's profiler finishes one trace per
+  process, so one step is profiled.
 """
 import json
 import os
@@ -82,6 +86,25 @@ def account(net, trainer=None):
     if casting is not None:
         row["workspace_mb"] = sum(_bytes(b) for b in casting.WORKSPACE._buffers().values()) / MB
     return row
+
+
+def weight_casts_mb(net):
+    """MB of the parameter casts in ``net``'s cached graph (None before it is built)."""
+    graph = getattr(net, "_cached_graph", None)
+    if not graph:
+        return None
+    nodes = json.loads(graph[1].tojson(remove_amp_cast=False))["nodes"]
+    params = {p.name: p for p in net.collect_params().values()}
+    total = 0
+    for node in nodes:
+        dtype = node.get("attrs", {}).get("dtype")
+        if node["op"] != "amp_cast" or dtype not in ("float16", "bfloat16"):
+            continue
+        source = nodes[node["inputs"][0][0]]
+        param = params.get(source["name"]) if source["op"] == "null" else None
+        if param is not None and param.shape:
+            total += int(np.prod(param.shape)) * 2   # both targets are 2 bytes wide
+    return total / MB
 
 
 def step_storage_mb(step):

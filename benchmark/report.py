@@ -225,10 +225,13 @@ def memory_tables(cells, quick=False):
     lines += ["", "Where the bytes go (MB, `benchmark/memory_account.py`): parameters, "
               "gradients and optimizer state (float32 masters included) counted from the "
               "arrays; mxamp's float32 workspace; graph = what MXNet's storage grew by in the "
-              "first step beyond those arrays (activations kept for backward, cast copies, "
-              "workspaces):", "",
+              "second step (the first made the optimizer state) beyond those arrays "
+              "(activations kept for backward, cast copies, workspaces), of which weight "
+              "casts = the low-precision copies of parameters the graph makes each step "
+              "(counted from the graph):", "",
               "| workload | mode | parameters | gradients | optimizer | workspace | graph | "
-              "baseline | peak |", "|---|---|---|---|---|---|---|---|---|"]
+              "of which weight casts | baseline | peak |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, title in rows:
         for mode, label in ACCOUNT_MODES:
             cell = cells.get((name, mode), {})
@@ -237,7 +240,7 @@ def memory_tables(cells, quick=False):
             lines.append("| %s | %s | %s |" % (title, label, " | ".join(
                 "%.0f" % cell[k] if cell.get(k) is not None else "" for k in (
                     "params_mb", "grads_mb", "optimizer_mb", "workspace_mb", "graph_mb",
-                    "baseline_mb", "maxrss_mb"))))
+                    "weight_casts_mb", "baseline_mb", "maxrss_mb"))))
     return lines
 
 

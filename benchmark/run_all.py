@@ -34,7 +34,7 @@ STEPS = {"mlp_train": (10, 3), "resnet18_train": (10, 3), "resnet50_train": (3, 
          "transformer_train": (5, 2), "resnet18_infer": (10, 3), "resnet50_infer": (6, 2)}
 #: The memory account's fields (benchmark/memory_account.py), medians over the repeats.
 ACCOUNT_KEYS = ("params_mb", "grads_mb", "optimizer_mb", "workspace_mb", "graph_mb",
-                "first_step_storage_mb")
+                "weight_casts_mb", "step_storage_mb")
 OVERFLOW_SCRIPT = os.path.join(HERE, "bench_overflow.py")
 
 
