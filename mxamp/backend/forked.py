@@ -51,7 +51,11 @@ def _child(fn, write_fd):
     except BaseException:  # noqa: BLE001 - nothing may return into the parent's code
         code = 1
     finally:
-        os._exit(code)  # no atexit handlers, no second flush of the parent's buffers
+        try:
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()   # what the call printed (os._exit flushes nothing)
+        finally:
+            os._exit(code)  # no atexit handlers of the parent's
 
 
 def _wait(pid):
@@ -91,9 +95,11 @@ def call_in_fork(fn):
         os.close(read_fd)
         _child(fn, write_fd)
     os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as pipe:
-        payload = pipe.read()
-    ended = _wait(pid)
+    try:
+        with os.fdopen(read_fd, "rb") as pipe:
+            payload = pipe.read()
+    finally:
+        ended = _wait(pid)   # also after Ctrl-C here, which the child got too: no zombie
     if not payload:
         raise ForkedCallDied("the forked process ended without a result (%s)" % (
             ended or "no output"))
