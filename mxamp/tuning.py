@@ -340,8 +340,8 @@ def _trial(policy, step, steps, profile, give_up_ms, forked):
         ms, top = call_in_fork(timed)
     except ForkedCallDied as died:
         if policy.target == FLOAT32:
-            raise ForkedCallDied("tune: timing float32 %s; the model fails without AMP, so "
-                                 "run one float32 step to see why" % died) from None
+            raise ForkedCallDied("tune: while timing float32, %s; without AMP nothing can be "
+                                 "compared: run one float32 step to see why" % died) from None
         return {"name": policy.name, "ms": 0.0, "top_ops": [], "error": str(died)}
     return {"name": policy.name, "ms": round(ms, 2), "top_ops": top}
 

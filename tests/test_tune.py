@@ -395,7 +395,7 @@ def test_a_trial_that_dies_is_a_failed_row_and_float32_dying_is_an_error(native_
     rows = {r["name"]: r for r in policy.table}
     assert policy.name == "float32" and "killed by SIGKILL" in rows["bfloat16"]["error"], rows
     assert "failed: the forked process ended" in report, report
-    with pytest.raises(tune_mod.ForkedCallDied, match="timing float32 .*SIGKILL"):
+    with pytest.raises(tune_mod.ForkedCallDied, match="while timing float32, .*SIGKILL"):
         tune_killed_under("float32")
     assert not amp.is_initialized()
 

@@ -67,7 +67,8 @@ def _wait(pid):
             name = signal.Signals(number).name
         except ValueError:
             name = "signal %d" % number
-        return "killed by %s" % name
+        # SIGKILL is also how Linux's out-of-memory killer ends a process
+        return "killed by %s%s" % (name, " (out of memory?)" if name == "SIGKILL" else "")
     code = os.WEXITSTATUS(status)
     return "" if code == 0 else "exit status %d" % code
 
