@@ -40,7 +40,7 @@ from mxamp.patching import patcher as patching
 from mxamp.precision import plan
 from mxamp.errors import AmpArgumentError, as_input_tuple
 from mxamp.lists.conditions import Condition
-from mxamp.backend.mxnet_private import ParamView
+from mxamp.backend.mxnet_private import NumpySymbol, ParamView
 from mxamp.precision.policy import FLOAT32, Policy, format_table
 from mxamp.backend.graphs import data_shapes_of, graph_nodes
 from mxamp.backend.heap import release_free_memory
@@ -65,11 +65,15 @@ def _graph_ops(net, example, train=True):
     """([(attrs, data shape or None)] of the convolutions, {op names}) of the graph."""
     args = as_input_tuple(example)
     inputs = [mx.sym.var("data%d" % i if len(args) > 1 else "data") for i in range(len(args))]
+    # a model written for numpy semantics (npx.set_np()) takes numpy symbols, as its arrays
+    inputs = [s.as_np_ndarray() if isinstance(a, mx.np.ndarray) else s
+              for s, a in zip(inputs, args)]
     mode = mx.autograd.train_mode() if train else mx.autograd.predict_mode()
     with patching.disabled(), mode:   # the graph of the pass that is timed
         sym = net(*inputs)
     if isinstance(sym, (list, tuple)):
-        sym = mx.sym.Group(_flat_symbols(sym))
+        sym = mx.sym.Group([s.as_nd_ndarray() if isinstance(s, NumpySymbol) else s
+                            for s in _flat_symbols(sym)])
     shapes = {("data%d" % i if len(args) > 1 else "data"): a.shape for i, a in enumerate(args)}
     nodes = graph_nodes(sym)
     convs = [n for n in nodes if n["op"] in _CONV_OPS]

@@ -411,3 +411,26 @@ def test_an_error_in_a_trial_is_raised_as_itself(monkeypatch):
     if tune_mod.FORK_AVAILABLE:
         assert "forked process" in "".join(getattr(caught.value, "__notes__", []))
     assert not amp.is_initialized()
+
+
+def test_a_numpy_semantics_model_is_tuned():
+    """A model written for ``npx.set_np()`` takes numpy arrays and builds numpy symbols: tune
+    read its graph with legacy symbols and failed ("This is a numpy operator which can only
+    accept MXNet numpy ndarrays"). Runs on every class: the candidates come from the graph,
+    and the trials (float32 alone on class 'none') run the model as its user does."""
+    mx.npx.set_np()
+    try:
+        net = mx.gluon.nn.HybridSequential()
+        net.add(mx.gluon.nn.Conv2D(8, 3, in_channels=3), mx.gluon.nn.BatchNorm(),
+                mx.gluon.nn.Dense(10))
+        net.initialize()
+        net.hybridize()
+        x = mx.np.random.uniform(size=(4, 3, 16, 16))
+        names = [p.name for p in tune_mod.candidates(net, x, "bfloat16")]
+        policy = amp.tune(net, x, loss_fn=lambda out: out.sum(), steps=1, report=None,
+                          apply=False)
+    finally:
+        mx.npx.reset_np()
+    assert names == ["float32", "bfloat16", "bfloat16, stem in float32",
+                     "bfloat16, BatchNorm in float32"], names
+    assert policy.table[0]["name"] == "float32" and all(r["ms"] > 0 for r in policy.table)
