@@ -434,3 +434,21 @@ def test_a_numpy_semantics_model_is_tuned():
     assert names == ["float32", "bfloat16", "bfloat16, stem in float32",
                      "bfloat16, BatchNorm in float32"], names
     assert policy.table[0]["name"] == "float32" and all(r["ms"] > 0 for r in policy.table)
+
+
+class _TwoArgumentError(Exception):
+    """An exception pickle cannot rebuild (its __init__ takes two arguments, args holds one)."""
+
+    def __init__(self, first, second):
+        super().__init__("%s and %s" % (first, second))
+
+
+@pytest.mark.skipif(not tune_mod.FORK_AVAILABLE, reason="no os.fork here")
+def test_an_error_that_does_not_pickle_arrives_as_text():
+    from mxamp.backend.forked import call_in_fork
+
+    def fails():
+        raise _TwoArgumentError("left", "right")
+    with pytest.raises(RuntimeError, match="_TwoArgumentError: left and right"):
+        call_in_fork(fails)
+    assert call_in_fork(lambda: (1, [2.0])) == (1, [2.0])

@@ -44,8 +44,10 @@ def _child(fn, write_fd):
             outcome = ("error", err, traceback.format_exc())
         try:
             payload = pickle.dumps(outcome)
-        except Exception:  # noqa: BLE001 - an exception that does not pickle goes as text
-            payload = pickle.dumps(("error", None, traceback.format_exc()))
+            pickle.loads(payload)   # an exception whose class cannot be rebuilt fails here
+        except Exception:  # noqa: BLE001 - what does not pickle goes as text
+            text = outcome[2] if outcome[0] == "error" else traceback.format_exc()
+            payload = pickle.dumps(("error", None, text))
         with os.fdopen(write_fd, "wb") as pipe:
             pipe.write(payload)
     except BaseException:  # noqa: BLE001 - nothing may return into the parent's code
