@@ -64,17 +64,17 @@ _BN_OPS = ("BatchNorm", "_npx_batch_norm", "_contrib_BatchNormWithReLU")
 def _graph_ops(net, example, train=True):
     """([(attrs, data shape or None)] of the convolutions, {op names}) of the graph."""
     args = as_input_tuple(example)
-    inputs = [mx.sym.var("data%d" % i if len(args) > 1 else "data") for i in range(len(args))]
+    names = ["data%d" % i if len(args) > 1 else "data" for i in range(len(args))]
     # a model written for numpy semantics (npx.set_np()) takes numpy symbols, as its arrays
-    inputs = [s.as_np_ndarray() if isinstance(a, mx.np.ndarray) else s
-              for s, a in zip(inputs, args)]
+    inputs = [mx.sym.var(n).as_np_ndarray() if isinstance(a, mx.np.ndarray) else mx.sym.var(n)
+              for n, a in zip(names, args)]
     mode = mx.autograd.train_mode() if train else mx.autograd.predict_mode()
     with patching.disabled(), mode:   # the graph of the pass that is timed
         sym = net(*inputs)
     if isinstance(sym, (list, tuple)):
         sym = mx.sym.Group([s.as_nd_ndarray() if isinstance(s, NumpySymbol) else s
                             for s in _flat_symbols(sym)])
-    shapes = {("data%d" % i if len(args) > 1 else "data"): a.shape for i, a in enumerate(args)}
+    shapes = {n: a.shape for n, a in zip(names, args)}
     nodes = graph_nodes(sym)
     convs = [n for n in nodes if n["op"] in _CONV_OPS]
     conv_shapes = data_shapes_of(sym, convs, shapes)
@@ -323,9 +323,9 @@ def _time_policies(net, batch, policies, loss_fn, train, steps, profile, target,
             timed.append(policy)
     finally:
         patching.reset()
-        if snapshot is not None:
+        if snapshot is not None:   # forked trials left nothing in this process to give back
             snapshot.restore()
-        release_free_memory()
+            release_free_memory()
     return rows, timed
 
 
@@ -339,14 +339,15 @@ def _trial(policy, step, steps, profile, give_up_ms, forked):
     if not forked:
         ms, top = timed()
         release_free_memory()   # the next trial reuses pages, not the heap's high mark
-        return {"name": policy.name, "ms": round(ms, 2), "top_ops": top}
-    try:
-        ms, top = call_in_fork(timed)
-    except ForkedCallDied as died:
-        if policy.target == FLOAT32:
-            raise ForkedCallDied("tune: while timing float32, %s; without AMP nothing can be "
-                                 "compared: run one float32 step to see why" % died) from None
-        return {"name": policy.name, "ms": 0.0, "top_ops": [], "error": str(died)}
+    else:
+        try:
+            ms, top = call_in_fork(timed)
+        except ForkedCallDied as died:
+            if policy.target == FLOAT32:
+                raise ForkedCallDied(
+                    "tune: while timing float32, %s; without AMP nothing can be compared: run "
+                    "one float32 step to see why" % died) from None
+            return {"name": policy.name, "ms": 0.0, "top_ops": [], "error": str(died)}
     return {"name": policy.name, "ms": round(ms, 2), "top_ops": top}
 
 

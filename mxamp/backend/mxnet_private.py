@@ -39,7 +39,8 @@ MXNetError = _base.MXNetError
 
 
 def to_default_layout(array):
-    """Put ``array``'s storage back into MXNet's default layout, in place; nothing where it is.
+    """``array``, its storage put back into MXNet's default layout in place (nothing changes
+    where it already is).
 
     After a float32 inference pass, MXNet leaves some weights in oneDNN's blocked layout
     (grouped convolutions store 5-D blocks), and ``amp_cast`` of such a weight to bfloat16
@@ -48,10 +49,12 @@ def to_default_layout(array):
     pointer, which is all this uses it for.
 
     >>> import mxnet as mx
-    >>> to_default_layout(mx.nd.ones((2, 2)))
+    >>> to_default_layout(mx.nd.ones((2, 2))).shape
+    (2, 2)
     """
     pointer = ctypes.c_void_p()
     check_call(LIB.MXNDArrayGetData(array.handle, ctypes.byref(pointer)))
+    return array
 
 
 def list_op_names():

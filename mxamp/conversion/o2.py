@@ -56,7 +56,8 @@ from mxamp.errors import AmpArgumentError, as_input_tuple
 from mxamp.lists.float16 import NO_CPU_KERNEL, NO_CPU_KERNEL_WHY
 from mxamp.backend.graphs import symbol_data_shape
 from mxamp.conversion.graph import block_context
-from mxamp.backend.mxnet_private import BlockView, ParamView, convolution_groups
+from mxamp.backend.mxnet_private import (BlockView, ParamView, convolution_groups,
+                                         to_default_layout)
 from mxamp.runtime.state import STATE
 
 LOG = logging.getLogger(__name__)
@@ -104,10 +105,9 @@ def _cast_parameter(param, dtype_name):
     if view.data is None:
         return
     with mx.autograd.pause():
-        # from a copy in MXNet's default layout: after an inference pass oneDNN may hold a
-        # weight in its own blocked layout, which amp_cast cannot always turn into bfloat16
-        # (depthwise convolutions: "could not create a primitive descriptor for a reorder")
-        view.data = [cast(d.copy(), dtype_name) for d in view.data]
+        # a float32 inference pass may leave a weight in oneDNN's blocked layout, which
+        # amp_cast cannot turn into bfloat16 (mxnet_private.to_default_layout says more)
+        view.data = [cast(to_default_layout(d), dtype_name) for d in view.data]
         if view.grad is not None:
             view.grad = [cast(g, dtype_name) for g in view.grad]
             mx.autograd.mark_variables(view.data, view.grad, param.grad_req)
