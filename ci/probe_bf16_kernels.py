@@ -41,6 +41,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import mxnet as mx  # noqa: E402
+from mxamp.backend.forked import without_core_dump  # noqa: E402
 from mxamp.backend.registry import op_info  # noqa: E402
 from probe_recipes import GENERIC_SHAPES, RECIPES, SCALAR_KW  # noqa: E402  (lives beside us)
 
@@ -249,6 +250,7 @@ def probe(name, dtype, fp32_when=None, widest=False, timeout=60.0):
     pid = os.fork()
     if pid == 0:  # child: never returns
         os.close(read_fd)
+        without_core_dump()
         os.dup2(err_file.fileno(), 2)
         try:
             result = _child_probe(name, canonical, dtype, handle, fp32_when, widest)

@@ -452,3 +452,13 @@ def test_an_error_that_does_not_pickle_arrives_as_text():
     with pytest.raises(RuntimeError, match="_TwoArgumentError: left and right"):
         call_in_fork(fails)
     assert call_in_fork(lambda: (1, [2.0])) == (1, [2.0])
+
+
+@pytest.mark.skipif(not tune_mod.FORK_AVAILABLE, reason="no os.fork here")
+def test_a_forked_copy_writes_no_core_file_and_the_process_keeps_its_limit():
+    """A trial or probe that crashes must not make the system dump the whole copy first."""
+    import resource
+    from mxamp.backend.forked import call_in_fork
+    before = resource.getrlimit(resource.RLIMIT_CORE)
+    assert call_in_fork(lambda: resource.getrlimit(resource.RLIMIT_CORE)) == (0, 0)
+    assert resource.getrlimit(resource.RLIMIT_CORE) == before, "the parent's limit changed"

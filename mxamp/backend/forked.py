@@ -34,9 +34,23 @@ class ForkedCallDied(RuntimeError):
     """The forked copy ended without a result: a signal (a crash in a kernel) or ``os._exit``."""
 
 
+def without_core_dump():
+    """In a forked child that may crash on purpose (a probe) or by a kernel's fault (a trial):
+    no core file. The system writes one of the whole copy, MXNet's memory included, before the
+    parent learns of the crash; on the AMX host lent on 2026-11-26 a crashing probe child took
+    about 8 s, and one bfloat16 kernel probe no answer in 60 s (probe_amx.log, cpu_class logs
+    in benchmark/results/xeon-amx-h100-host/head-530adc8/)."""
+    try:
+        import resource   # pylint: disable=import-outside-toplevel
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except (ImportError, ValueError, OSError):
+        pass   # no such limit here: the system's setting stands
+
+
 def _child(fn, write_fd):
     """Run ``fn`` and send ('ok', value) or ('error', exception, traceback text); never return."""
     code = 0
+    without_core_dump()
     try:
         try:
             outcome = ("ok", fn())

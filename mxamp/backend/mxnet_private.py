@@ -172,6 +172,15 @@ def convolution_groups(block):
     return int(getattr(block, "_kwargs", {}).get("num_group", 1))
 
 
+def is_hybridized(block):
+    """True when ``block`` runs a cached graph (``hybridize()`` was called on it).
+
+    >>> net = mx.gluon.nn.Dense(2); net.hybridize(); is_hybridized(net)
+    True
+    """
+    return bool(getattr(block, "_active", False))
+
+
 class _Attribute:
     """A property of a view that reads and writes one private attribute of the viewed object."""
 

@@ -365,7 +365,7 @@ def _install_casts(block, islands, compute, output_dtype):
     for island in islands:
         _fp32_island(island, compute)
     _model_boundary(block, compute, output_dtype)
-    hook_block_graphs()  # shapes for _fp32_where while hybridized graphs are built
+    hook_block_graphs(block.__dict__.get(TREATMENT_ATTR))  # shapes for _fp32_where; treatment
     fix_astype()  # outputs kept in bfloat16 (output_dtype=None) convert with astype
     block.apply(lambda b: BlockView(b).clear_cached_op() if isinstance(b, HybridBlock)
                 else None)

@@ -97,7 +97,8 @@ def _apply(amp_plan):
             setattr(module, attr, wrapped)
             change((module, attr, func, wrapped))
     patches.record(changes, kind="operator")
-    hook_block_graphs()    # blocks built before rebuild: their loss outputs need the scale
+    # blocks built before rebuild (their loss outputs need the scale); depthwise treatments
+    hook_block_graphs(amp_plan.cpu.depthwise_graphs)
     if alone:
         return
     hook_record_scopes()

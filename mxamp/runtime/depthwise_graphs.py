@@ -1,6 +1,7 @@
 """The treatments of whole graphs with depthwise convolutions: what a
 :class:`~mxamp.precision.device_plan.DevicePlan` asks for them (``depthwise_graphs``), applied
-while a hybridized block builds its graph.
+while a hybridized block builds its graph (:func:`build_depthwise_graph`), and to each call of a
+block that runs without ``hybridize()`` (``mxamp.runtime.hooks.hook_imperative_depthwise``).
 
 * :data:`STEER_BATCHNORM` (the ``amx`` class): a Reshape before each BatchNorm. With AMX,
   oneDNN 2.4 lays regular convolutions out as nhwc and depthwise ones as nChw16c, so a BatchNorm
@@ -8,7 +9,9 @@ while a hybridized block builds its graph.
   falls to the reference kernel (``bnorm_ref``); only the jit kernel's condition
   ``src_tag == diff_src_tag`` stands between (NOTES.md 2c). MXNet's Reshape operator hands
   BatchNorm a plain layout, which MXNet then reorders to match: MobileNet 1.0 training on an
-  AMX Xeon went from 2761 to 305 ms a step (float32: 156 ms; 4 threads, 2026-11-26).
+  AMX Xeon went from 2761 to 305 ms a step (float32: 156 ms; 4 threads, 2026-11-26). Without
+  ``hybridize()`` the same Reshape runs before each BatchNorm layer: 2860 to 290-314 ms
+  (float32: 186-228 ms; ``benchmark/results/xeon-amx-h100-host/head-530adc8/``).
 * :data:`FLOAT32_GRAPH` (``'auto'`` where the probe's depthwise block measured bfloat16 slower):
   the graph is traced with AMP's casts off, so it computes in float32; the loss scaler still
   runs.
@@ -45,6 +48,30 @@ def has_depthwise_convolution(sym):
     """True when ``sym`` has a ``Convolution`` with more than one group."""
     return any(node["op"] == "Convolution" and int(node.get("attrs", {}).get("num_group", 1)) > 1
                for node in json.loads(sym.tojson(remove_amp_cast=False))["nodes"])
+
+
+def has_depthwise_layer(block):
+    """True when ``block`` or a block under it is a Gluon convolution with more than one group.
+
+    >>> from mxnet.gluon import nn
+    >>> net = nn.HybridSequential(); net.add(nn.Conv2D(8, 3, groups=8, in_channels=8))
+    >>> has_depthwise_layer(net), has_depthwise_layer(nn.Conv2D(8, 3, in_channels=8))
+    (True, False)
+    """
+    return mxp.convolution_groups(block) > 1 or any(
+        has_depthwise_layer(child) for child in mxp.BlockView(block).children.values())
+
+
+def steered_input(data):
+    """``data`` through MXNet's Reshape to its own shape, as the graph steering does: what a
+    BatchNorm layer gets instead of ``data`` when it runs without ``hybridize()``.
+
+    >>> steered_input(mx.nd.ones((1, 2, 2, 2))).shape
+    (1, 2, 2, 2)
+    """
+    if isinstance(data, mx.np.ndarray):
+        return mx.nd.reshape(data.as_nd_ndarray(), shape=(-2,)).as_np_ndarray()
+    return mx.nd.reshape(data, shape=(-2,))
 
 
 def steer_batchnorm(sym):

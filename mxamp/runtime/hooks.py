@@ -6,12 +6,14 @@
   recording scopes;
 * :func:`hook_block_graphs`: a hybridized block rebuilds a graph built under another AMP
   generation, its input shapes are known while its graph is built, and a graph with
-  depthwise convolutions gets the plan's treatment (:mod:`mxamp.runtime.depthwise_graphs`).
+  depthwise convolutions gets the plan's treatment (:mod:`mxamp.runtime.depthwise_graphs`);
+* :func:`hook_imperative_depthwise`: the same treatment for a block that runs without
+  ``hybridize()`` (installed only where the plan has one).
 
 :func:`record_input_shapes` (installed by ``import mxamp`` where AMX is on) is not undone: it
 only remembers the shapes each block built its graph with.
 
-All three are undone by ``amp.reset()`` (:func:`mxamp.runtime.patches.undo_all`), which first
+All are undone by ``amp.reset()`` (:func:`mxamp.runtime.patches.undo_all`), which first
 drops the graphs built under AMP (:func:`drop_amp_graphs`), so that they are rebuilt without
 casts at their next call.
 
@@ -20,13 +22,18 @@ casts at their next call.
 >>> y.astype('float32').asnumpy().tolist()
 [1.0, 2.5]
 """
+import contextlib
+
 import mxnet as mx
-from mxnet.gluon import HybridBlock
+from mxnet.gluon import Block, HybridBlock
+from mxnet.gluon.nn import BatchNorm
 
 from mxamp import dtypes
 from mxamp.backend import mxnet_private as mxp
 from mxamp.runtime.casting import array_dtype, cast
-from mxamp.runtime.depthwise_graphs import TREATMENT_ATTR, build_depthwise_graph
+from mxamp.runtime.depthwise_graphs import (FLOAT32_GRAPH, STEER_BATCHNORM, TREATMENT_ATTR,
+                                            build_depthwise_graph, has_depthwise_layer,
+                                            steered_input)
 from mxamp.runtime.patches import is_replaced, replace
 from mxamp.runtime.state import STATE
 
@@ -119,8 +126,9 @@ def building_input_shapes():
     return getattr(STATE.thread_local(), "graph_input_shapes", None) or {}
 
 
-def hook_block_graphs():
-    """Make a hybridized block rebuild a graph built under another AMP generation.
+def hook_block_graphs(depthwise_treatment=""):
+    """Make a hybridized block rebuild a graph built under another AMP generation; with a
+    ``depthwise_treatment``, install :func:`hook_imperative_depthwise` too.
 
     Installed by ``init`` (and ``cast_model``); ``reset`` drops the graphs built under it and
     undoes it. The check is one attribute comparison per call of a hybridized block. While a
@@ -128,6 +136,8 @@ def hook_block_graphs():
 
     >>> hook_block_graphs()
     """
+    if depthwise_treatment:
+        hook_imperative_depthwise()
     original = vars(HybridBlock)[mxp.BLOCK_CALL_METHOD]
     if is_replaced(HybridBlock, mxp.BLOCK_CALL_METHOD):
         return
@@ -181,6 +191,65 @@ def _depthwise_treatment(block, args):
     if TREATMENT_ATTR in block.__dict__:
         return block.__dict__[TREATMENT_ATTR]
     return STATE.plan.cpu.depthwise_graphs if STATE.plan is not None else ""
+
+
+_DEPTHWISE_LAYER_ATTR = "_mxamp_has_depthwise_layer"
+
+
+def hook_imperative_depthwise():
+    """Give a block that runs without ``hybridize()`` and holds depthwise convolutions the
+    treatment its plan asks for graphs with them (:mod:`mxamp.runtime.depthwise_graphs`).
+
+    Where it runs, from the outermost such block's call to its return: ``FLOAT32_GRAPH``
+    computes in float32 (AMP's casts off, as in ``amp.disabled()``); ``STEER_BATCHNORM`` hands
+    each BatchNorm layer its input through a Reshape. Without it, MobileNet 1.0 trained
+    without ``hybridize()`` at 0.07x float32 on an AMX Xeon, under ``'auto'`` too (BatchNorm
+    backward's reference kernel). ``amp.init`` and ``cast_model`` install it only where their
+    plan has a treatment, so elsewhere a block call costs what it did.
+
+    >>> hook_imperative_depthwise(); is_replaced(Block, '__call__')
+    True
+    >>> from mxamp import amp; amp.reset(); is_replaced(Block, '__call__')
+    False
+    """
+    if is_replaced(Block, "__call__"):
+        return
+    original = vars(Block)["__call__"]
+
+    def __call__(block, *args, **kwargs):
+        local = STATE.thread_local()
+        running = getattr(local, "imperative_treatment", "")
+        if running:     # inside a treated block: steer its BatchNorm layers
+            if running == STEER_BATCHNORM and isinstance(block, BatchNorm) and args and \
+                    isinstance(args[0], mx.nd.NDArray):
+                args = (steered_input(args[0]),) + args[1:]
+            return original(block, *args, **kwargs)
+        treatment = "" if mxp.is_hybridized(block) else _imperative_treatment(block, args)
+        if not treatment:   # hybridized: the graph hook treats it
+            return original(block, *args, **kwargs)
+        local.imperative_treatment = treatment
+        try:
+            with (STATE.disabled_region() if treatment == FLOAT32_GRAPH
+                  else contextlib.nullcontext()):
+                return original(block, *args, **kwargs)
+        finally:
+            local.imperative_treatment = ""
+
+    __call__.__doc__ = original.__doc__
+    replace(Block, "__call__", __call__, kind="block hook")
+
+
+def _imperative_treatment(block, args):
+    """The treatment of a block called without ``hybridize()``: its plan's, where it holds a
+    depthwise convolution (remembered per AMP generation)."""
+    treatment = _depthwise_treatment(block, args)
+    if not treatment:
+        return ""
+    known = block.__dict__.get(_DEPTHWISE_LAYER_ATTR)
+    if known is None or known[0] != STATE.generation:
+        known = (STATE.generation, has_depthwise_layer(block))
+        block.__dict__[_DEPTHWISE_LAYER_ATTR] = known
+    return treatment if known[1] else ""
 
 
 def record_input_shapes():
