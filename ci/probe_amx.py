@@ -13,12 +13,15 @@ compares what failed with the guard:
 Needs a CPU with AMX (``amx_bf16``) and Linux's tile permission; elsewhere it says why it was
 skipped and exits 0. ``.ci/run`` runs it on AMX machines.
 
-    python ci/probe_amx.py            # the known family and a scan around it (~1 min)
+    python ci/probe_amx.py            # the known family and a scan around it (~1 min; up to
+                                      # 10 s more for each child that hangs)
     python ci/probe_amx.py --quick    # the known family only
 """
 import argparse
 import os
+import signal
 import sys
+import time
 
 # No engine threads (fork is safe), one OpenMP thread, glibc aborts at the first bad free.
 os.environ["MXNET_ENGINE_TYPE"] = "NaiveEngine"
@@ -51,8 +54,14 @@ def run_shape(c_in, height, width, batch=1, c_out=64):
     return float(np.abs(got - ref).max() / (np.abs(ref).max() + 1e-9))
 
 
+#: A shape's child that has not ended by then is stopped and counted as failed. A child that
+#: runs computes in milliseconds; on the AMX host lent on 2026-11-26 crashing children took
+#: about 45 s each to end, idle (1 min 30 s of wall time, 3.8 s of CPU, for two shapes).
+CHILD_SECONDS = 10
+
+
 def in_child(shape):
-    """'ok', 'WRONG', 'ERROR' or 'CRASH (signal)' for one shape, run in a forked child."""
+    """'ok', 'WRONG', 'ERROR', 'CRASH (signal)' or 'HUNG' for one shape, in a forked child."""
     pid = os.fork()
     if pid == 0:
         os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
@@ -62,7 +71,17 @@ def in_child(shape):
             os._exit(0 if run_shape(*shape) < 0.05 else 3)
         except Exception:  # noqa: BLE001 - reported as an MXNet error
             os._exit(4)
-    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    deadline = time.monotonic() + CHILD_SECONDS
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return "HUNG (%d s)" % CHILD_SECONDS
+        time.sleep(0.01)
+    code = os.waitstatus_to_exitcode(status)
     return {0: "ok", 3: "WRONG", 4: "ERROR"}.get(code, "CRASH (%d)" % code)
 
 

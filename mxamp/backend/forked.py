@@ -35,11 +35,9 @@ class ForkedCallDied(RuntimeError):
 
 
 def without_core_dump():
-    """In a forked child that may crash on purpose (a probe) or by a kernel's fault (a trial):
-    no core file. The system writes one of the whole copy, MXNet's memory included, before the
-    parent learns of the crash; on the AMX host lent on 2026-11-26 a crashing probe child took
-    about 8 s, and one bfloat16 kernel probe no answer in 60 s (probe_amx.log, cpu_class logs
-    in benchmark/results/xeon-amx-h100-host/head-530adc8/)."""
+    """In a forked child that may crash, on purpose (a probe) or by a kernel's fault (a trial):
+    no core file. Where the system writes them, a core of the copy holds the parent's whole
+    memory (a training process: gigabytes), written before the parent learns of the crash."""
     try:
         import resource   # pylint: disable=import-outside-toplevel
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

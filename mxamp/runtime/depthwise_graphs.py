@@ -10,8 +10,8 @@ block that runs without ``hybridize()`` (``mxamp.runtime.hooks.hook_imperative_d
   ``src_tag == diff_src_tag`` stands between (NOTES.md 2c). MXNet's Reshape operator hands
   BatchNorm a plain layout, which MXNet then reorders to match: MobileNet 1.0 training on an
   AMX Xeon went from 2761 to 305 ms a step (float32: 156 ms; 4 threads, 2026-11-26). Without
-  ``hybridize()`` the same Reshape runs before each BatchNorm layer: 2860 to 290-314 ms
-  (float32: 186-228 ms; ``benchmark/results/xeon-amx-h100-host/head-530adc8/``).
+  ``hybridize()`` the same Reshape runs before each BatchNorm layer: 2860 to 303-340 ms
+  (float32: 181-198 ms; ``benchmark/results/xeon-amx-h100-host/head-a275461/``).
 * :data:`FLOAT32_GRAPH` (``'auto'`` where the probe's depthwise block measured bfloat16 slower):
   the graph is traced with AMP's casts off, so it computes in float32; the loss scaler still
   runs.
