@@ -28,6 +28,10 @@ _MISSING_MXNET = (
 from mxamp.backend import cpu as _cpu  # noqa: E402
 _cpu.enable_amx_if_possible()
 
+# Before MXNet hands out its first temp space: one CPU buffer, not four (mxamp/backend/heap.py).
+from mxamp.backend import heap as _heap  # noqa: E402
+_heap.share_cpu_temp_space()
+
 try:
     import mxnet as _mxnet  # noqa: F401
 except ImportError as _err:  # pragma: no cover - exercised in a subprocess test

@@ -31,6 +31,7 @@ from mxamp._version import __version__
 from mxamp.backend import env
 from mxamp.backend.timing import time_calls
 from mxamp.backend.cpu import cpu_features, read_cpuinfo
+from mxamp.backend.heap import cpu_temp_space
 from mxamp.precision.plan import precision_plan
 from mxamp.backend.probe import cache_path, machine_probe
 
@@ -138,7 +139,7 @@ def collect(timing=True, probe=True, seconds=0.5):
                 "bf16_class": features.bf16_class, "bf16_reason": features.bf16_reason,
                 "decided_ms": features.decided_ms, "amx_enabled": features.amx_enabled,
                 "amx_in_effect": features.amx_in_effect, "amx_check": features.amx_check,
-                "amx_reason": features.reason},
+                "amx_reason": features.reason, "temp_space": cpu_temp_space()},
         "plans": {}, "onednn": None, "timing": {}, "consistent": None, "probe": None,
     }
     places = [("cpu", mx.cpu())] + ([("gpu", mx.gpu(0))] if facts["build"]["gpus"] else [])
@@ -199,7 +200,8 @@ def format_report(facts):
              "  DNNL_MAX_CPU_ISA: %s" % (c["DNNL_MAX_CPU_ISA"] or "not set"),
              "  bfloat16 class: %s (%s); decided in %.1f ms" % (
                  c["bf16_class"], c["bf16_reason"], c["decided_ms"]),
-             "  AMX: %s" % _amx_line(c)]
+             "  AMX: %s" % _amx_line(c),
+             "  MXNet's CPU temp space: %s" % c.get("temp_space", "unknown")]
     if facts["onednn"]:
         o = facts["onednn"]
         lines.append("  oneDNN reports: %s" % o["isa"])

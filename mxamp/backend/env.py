@@ -35,6 +35,11 @@ VARIABLES = {
     "MKLDNN_MAX_CPU_ISA": (None, "the older spelling of DNNL_MAX_CPU_ISA"),
     "MXNET_MKLDNN_ENABLED": (True, "off: MXNet's oneDNN operators are off, so no bfloat16 "
                                    "kernels (class 'none')"),
+    "MXNET_CPU_TEMP_COPY": (None, "MXNet's CPU temp-space buffers (MXNet's default 4); where "
+                                  "it and MXNET_CPU_WORKER_NTHREADS are unset, import mxamp "
+                                  "sets 1 (see README, Memory)"),
+    "MXNET_CPU_WORKER_NTHREADS": (None, "MXNet's CPU worker threads (default 1); set, mxamp "
+                                        "leaves MXNET_CPU_TEMP_COPY alone"),
     "MXNET_UPDATE_ON_KVSTORE": (True, "MXNet's choice of where a dist kvstore updates; "
                                       "mxamp's overflow agreement follows it"),
     "XDG_CACHE_HOME": (None, "where the probe's cache lives (default ~/.cache): "
