@@ -489,3 +489,36 @@ def test_fp16_no_cpu_kernel_matches_the_cpu_build():
     assert rows.pop("_npi_einsum") == "ok", "einsum has an fp16 CPU kernel"
     assert set(rows.values()) == {"no_kernel"}, (
         "NO_CPU_KERNEL ops must really lack an fp16 CPU kernel: %s" % rows)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here")
+def test_probe_amx_names_how_each_child_ended_and_stops_one_that_hangs(monkeypatch):
+    """ci/probe_amx.py's verdicts, with the child's work replaced (any CPU): a clean result,
+    a wrong one, an abort, and a child that never ends, which is stopped at the deadline
+    (on an AMX host crashing children sat idle ~45 s each) and counted as failed."""
+    import importlib.util
+    import time
+    import mxamp.backend.forked  # noqa: F401 - the child imports it; imported here, it is quick
+    # the script sets these at import, for its own process: this one gets them back after
+    saved = {n: os.environ.get(n) for n in ("MXNET_ENGINE_TYPE", "MALLOC_CHECK_", "MXAMP_AMX",
+                                            "OMP_NUM_THREADS")}
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "probe_amx", os.path.join(os.path.dirname(os.path.dirname(__file__)), "ci",
+                                      "probe_amx.py"))
+        probe_amx = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(probe_amx)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    monkeypatch.setattr(probe_amx, "CHILD_SECONDS", 1)
+    for work, want in ((lambda *a: 0.0, "ok"), (lambda *a: 1.0, "WRONG"),
+                       (lambda *a: os.abort(), "CRASH (-6)"),
+                       (lambda *a: time.sleep(60), "HUNG (1 s)")):
+        monkeypatch.setattr(probe_amx, "run_shape", work)
+        start = time.monotonic()
+        assert probe_amx.in_child((32, 1, 27)) == want
+        assert time.monotonic() - start < 10, "%s took too long to be told" % want
