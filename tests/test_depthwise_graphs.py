@@ -139,15 +139,16 @@ def test_steering_adds_a_reshape_before_each_batchnorm_and_changes_no_math(monke
     reshapes = [name for op, name in ops if op == "Reshape"]
     assert reshapes == [b + STEER_SUFFIX for b in batchnorms], ops
     assert "Reshape" not in untouched, "a graph without depthwise convolutions is left alone"
-    # A Reshape to the same shape changes layouts only; BatchNorm then runs another oneDNN
-    # kernel, whose rounding can differ. Measured on a Zen 4 (2026-11-26), output / gradient:
-    # 0.0 / 1.5e-4 relative with bfloat16 kernels (default, AVX512_CORE_BF16, AVX512_CORE);
-    # 9.4e-8 / 3.5e-7 in float32 on class none (capped to AVX2: about 3 float32 roundings of
-    # 2**-23). Each bound allows many roundings more: bfloat16's 2**-8, float32's 2**-23.
     _assert_steering_changed_no_math(steered, plain)
 
 
 def _assert_steering_changed_no_math(steered, plain):
+    # A Reshape to the same shape changes layouts only; BatchNorm then runs another oneDNN
+    # kernel, whose rounding can differ. Measured on a Zen 4 (2026-11-26), output / gradient,
+    # hybridized and without hybridize() alike: 0.0 / 1.5e-4 relative with bfloat16 kernels
+    # (default, AVX512_CORE_BF16, AVX512_CORE); 9.4e-8 / 3.5e-7 in float32 on class none
+    # (capped to AVX2: about 3 float32 roundings of 2**-23). Each bound allows many roundings
+    # more: bfloat16's 2**-8, float32's 2**-23.
     bound = 0.03 if BF16_KERNELS else 1e-5
     for name, a, b in zip(("output", "gradient"), steered, plain):
         rel = np.abs(a - b).max() / (np.abs(b).max() + 1e-12)

@@ -225,7 +225,7 @@ def hook_imperative_depthwise():
                 args = (steered_input(args[0]),) + args[1:]
             return original(block, *args, **kwargs)
         treatment = "" if mxp.is_hybridized(block) else _imperative_treatment(block, args)
-        if not treatment:   # hybridized: the graph hook treats it
+        if not treatment:   # hybridized (the graph hook treats it), or nothing to treat
             return original(block, *args, **kwargs)
         local.imperative_treatment = treatment
         try:
