@@ -238,3 +238,37 @@ def test_bfloat16_two_contexts_skip_and_keep_masters_in_step(kvstore):
     for updater, weight in zip(trainer._updaters, net.weight.list_data()):
         recast = mx.nd.amp_cast(optimizers.master_weight(updater, index), dtype=dtypes.BFLOAT16)
         assert np.array_equal(as_fp32(recast), as_fp32(weight)), "weight = cast(master)"
+
+
+# ----- a weight larger than the float32 workspace: updated a slice at a time -----
+@pytest.mark.parametrize("name, extra", [("sgd", {"momentum": 0.9, "wd": 1e-4}),
+                                         ("adam", {"wd": 1e-4}), ("rmsprop", {}),
+                                         ("lamb", {})])
+def test_a_large_bfloat16_weight_gets_the_whole_weight_update(name, extra):
+    """A (1100, 1000) weight (1.1 M values; the documented workspace is 4 MB of float32, so
+    element-wise optimizers update it in two slices) ends three steps with the master, the
+    bfloat16 weight and the optimizer's counts that MXNet's own float32 optimizer gives on
+    the whole array, bit for bit. LAMB takes norms of the whole weight and is not sliced."""
+    from mxamp.runtime.casting import WORKSPACE
+    WORKSPACE.clear()
+    rng = np.random.RandomState(0)
+    start = rng.uniform(-1, 1, size=(1100, 1000)).astype(np.float32)
+    weight = mx.nd.amp_cast(mx.nd.array(start), dtype=dtypes.BFLOAT16)
+    mine = optimizers.MasterWeightUpdater(mx.optimizer.create(name, learning_rate=0.01,
+                                                                **extra))
+    theirs = mx.optimizer.create(name, learning_rate=0.01, **extra)
+    master = mx.nd.amp_cast(weight, dtype="float32")          # what a master starts from
+    state = theirs.create_state(0, master)
+    for step in range(3):
+        grad = mx.nd.amp_cast(mx.nd.array(rng.randn(1100, 1000)), dtype=dtypes.BFLOAT16)
+        mine(0, grad, weight)
+        theirs.update(0, master, mx.nd.amp_cast(grad, dtype="float32"), state)
+    assert np.array_equal(optimizers.master_weight(mine, 0).asnumpy(), master.asnumpy()), \
+        "%s: the master differs from MXNet's whole-array update" % name
+    assert np.array_equal(as_fp32(weight), as_fp32(mx.nd.amp_cast(master,
+                                                                  dtype=dtypes.BFLOAT16)))
+    assert (mine.optimizer._index_update_count[0], mine.optimizer.num_update) == (3, 3), \
+        "three steps counted once each"
+    held = sum(b.size * 4 for b in WORKSPACE._buffers().values())
+    bound = 4 * 2 ** 20 if name != "lamb" else 1100 * 1000 * 4
+    assert held <= bound, "%s: the float32 workspace holds %d B" % (name, held)

@@ -162,6 +162,39 @@ def set_optimizer_device(optimizer, device_id):
 _uses("mxnet.optimizer.Optimizer", "_set_current_context")
 
 
+def update_count(optimizer, index):
+    """``(the updates counted for index or None, the optimizer's num_update)``: what one
+    ``optimizer.update(index, ...)`` advances, for :func:`restore_update_count`.
+
+    >>> import mxnet as mx
+    >>> update_count(mx.optimizer.SGD(), 3)
+    (None, 0)
+    """
+    return optimizer._index_update_count.get(index), optimizer.num_update
+
+
+def restore_update_count(optimizer, index, counted):
+    """Put back what :func:`update_count` read, so that a weight updated in several calls
+    (a slice each) advances the optimizer's counts once.
+
+    >>> import mxnet as mx
+    >>> sgd = mx.optimizer.SGD(); before = update_count(sgd, 0)
+    >>> sgd.update(0, mx.nd.ones((2,)), mx.nd.ones((2,)), None); update_count(sgd, 0)
+    (1, 1)
+    >>> restore_update_count(sgd, 0, before); update_count(sgd, 0)
+    (None, 0)
+    """
+    count, num_update = counted
+    if count is None:
+        optimizer._index_update_count.pop(index, None)
+    else:
+        optimizer._index_update_count[index] = count
+    optimizer.num_update = num_update
+
+
+_uses("mxnet.optimizer.Optimizer", "_index_update_count")
+
+
 # ----------------------------------------------------------------------------------- views
 def convolution_groups(block):
     """``num_group`` of a Gluon convolution layer (1 for any other block).

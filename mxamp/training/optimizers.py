@@ -7,14 +7,19 @@ bfloat16 weights ("Unknown type enum 12"). For bfloat16 weights mxamp therefore 
 a float32 master copy, whatever ``multi_precision`` says (there is no working alternative):
 
 1. the bfloat16 gradient is cast to float32, into the shared float32 workspace
-   (:data:`mxamp.runtime.casting.WORKSPACE`), a chunk at a time;
+   (:data:`mxamp.runtime.casting.WORKSPACE`), a chunk of small parameters or a slice of a
+   large one at a time;
 2. the optimizer's own float32 update runs on the master copy (aggregated
    ``multi_sgd_mom_update`` / ``multi_lamb_update`` etc. where MXNet aggregates);
 3. the master copy is cast once into the bfloat16 weight.
 
 Per parameter that is 2 B (weight) + 2 B (gradient) + 4 B (master) + the optimizer's float32
 state (4 B for SGD momentum, 8 B for Adam): 12 B with momentum, float32's 4 + 4 + 4. The
-workspace adds 4 B per element of the largest parameter, once.
+workspace adds 4 B per element of the largest parameter, once, and at most 4 MB
+(:data:`~mxamp.runtime.casting.SLICE_ELEMENTS` float32 values): a parameter larger than that
+is updated a slice at a time. That needs an optimizer whose update is element by element
+(:data:`ELEMENTWISE`); with others (LAMB, LARS, a custom one) the workspace grows to the
+largest parameter.
 
 float16 weights are left to MXNet (pass ``multi_precision=True`` to the optimizer).
 
@@ -32,11 +37,29 @@ True
 from mxnet.optimizer import Updater
 
 from mxamp import dtypes
-from mxamp.runtime.casting import WORKSPACE, cast, cast_into
-from mxamp.backend.mxnet_private import TrainerView, set_optimizer_device
+from mxamp.runtime.casting import SLICE_ELEMENTS, WORKSPACE, cast, cast_into, slices
+from mxamp.backend.mxnet_private import (TrainerView, restore_update_count,
+                                         set_optimizer_device, update_count)
 
 #: First element of a bfloat16 parameter's updater state (marks mxamp's layout).
 MASTER_TAG = "mxamp-fp32-master"
+#: MXNet's optimizers whose update of a weight is element by element and keeps no state
+#: outside its arrays, so that updating a weight a slice at a time is the same update. Not
+#: here: LAMB, LARS and LBSGD (norms of the whole weight), Nadam (its ``m_schedule``
+#: advances on every call), DCASGD (tests an array's truth value), and any subclass.
+ELEMENTWISE = frozenset(["SGD", "NAG", "Signum", "Adam", "AdaGrad", "RMSProp", "AdaDelta",
+                         "Ftrl", "Adamax", "FTML", "SGLD"])
+
+
+def updates_elementwise(optimizer):
+    """True for an optimizer of MXNet's own :data:`ELEMENTWISE` classes (not a subclass).
+
+    >>> import mxnet as mx
+    >>> updates_elementwise(mx.optimizer.Adam()), updates_elementwise(mx.optimizer.LAMB())
+    (True, False)
+    """
+    kind = type(optimizer)
+    return kind.__module__ == "mxnet.optimizer.optimizer" and kind.__name__ in ELEMENTWISE
 
 
 def _is_bf16(array):
@@ -89,11 +112,18 @@ class MasterWeightUpdater(Updater):
         device = entries[0][2].context.device_id
         set_optimizer_device(self.optimizer, device)
         step = max(self.optimizer.aggregate_num if self.aggregate_updates else 1, 1)
-        # The float32 gradients go to the shared workspace, one chunk at a time: 4 B per
-        # element of the largest parameter, reused every step, instead of 4 B per parameter.
-        budget = max(weight.size for _, _, weight in entries)
-        for chunk in _chunks(entries, step, budget):
+        # The float32 gradients go to the shared workspace, one chunk (or slice) at a time:
+        # the size of the largest parameter or of a slice, whichever is smaller, reused
+        # every step, instead of 4 B per parameter.
+        sliced = updates_elementwise(self.optimizer)
+        large = [e for e in entries if sliced and e[2].size > SLICE_ELEMENTS]
+        whole = [e for e in entries if e not in large]
+        budget = max([e[2].size for e in whole] or [0])
+        budget = min(budget, SLICE_ELEMENTS) if sliced else budget
+        for chunk in _chunks(whole, step, budget):
             self._update_chunk(chunk)
+        for index, grad, weight in large:
+            self._update_in_slices(index, grad, weight)
 
     def _update_chunk(self, entries):
         indices, masters, grads32, inner = [], [], [], []
@@ -113,6 +143,33 @@ class MasterWeightUpdater(Updater):
             self.optimizer.update(indices, masters, grads32, inner)
         for (_, _, weight), master in zip(entries, masters):
             cast_into(master, weight)
+
+
+    def _update_in_slices(self, index, grad, weight):
+        """One large weight's update, a workspace slice at a time; every slice sees the
+        optimizer's update count of one update (learning-rate schedules, Adam's bias
+        correction). The master and the optimizer state are mxamp's own arrays, in MXNet's
+        default layout, so their slices are views; the gradient is only read, and the weight
+        is written whole."""
+        _, master, state = self._master_state(index, weight)
+        flat_grad, flat_master = grad.reshape((-1,)), master.reshape((-1,))
+        before = update_count(self.optimizer, index)
+        for start, stop in slices(weight.size):
+            restore_update_count(self.optimizer, index, before)
+            view = WORKSPACE.view(grad.context, (stop - start,))
+            cast_into(flat_grad[start:stop], view)
+            self.optimizer.update(index, flat_master[start:stop], view,
+                                  _state_slice(state, start, stop))
+        cast_into(master, weight)
+
+
+def _state_slice(state, start, stop):
+    """The ``[start:stop]`` slice of every array of an optimizer state (flattened views)."""
+    if isinstance(state, (list, tuple)):
+        return type(state)(_state_slice(s, start, stop) for s in state)
+    if state is None:
+        return None
+    return state.reshape((-1,))[start:stop]
 
 
 def _chunks(entries, most, budget):

@@ -16,8 +16,10 @@ cost ~270 ms on ResNet-50's 25.6 M gradient values. Here every array is read onc
   element by element in software (``all_finite`` on float16 is ~7x slower than cast +
   float32 check on this CPU), ``multi_sum_sq`` accumulates float16 in float16 (any value
   above 256 would look like an overflow), and ``all_finite``/``multi_sum_sq`` reject bf16.
-  A large one is cast into the shared float32 workspace and checked there before the next is
-  cast, so the check never holds a float32 copy of every gradient at once.
+  A large one is cast into the shared float32 workspace, a slice of at most
+  :data:`~mxamp.runtime.casting.SLICE_ELEMENTS` at a time, and checked there before the
+  next slice is cast, so the check never holds more than one slice in float32 (also for the
+  sums of squares of :func:`global_norm`).
 
 All per-array results are gathered into one small float32 vector and copied to the host once.
 Which array takes which path costs ~20 us of Python per array to work out;
@@ -39,13 +41,14 @@ import mxnet as mx
 import numpy as np
 
 from mxamp import dtypes
-from mxamp.runtime.casting import WORKSPACE, cast, cast_into
+from mxamp.runtime.casting import WORKSPACE, cast, cast_into, slices
 
 # The operator functions as MXNet ships them, captured when mxamp is imported (before
 # amp.init can wrap them): the checks must see the gradients exactly as they are.
 _ND = types.SimpleNamespace(amp_cast=mx.nd.amp_cast, all_finite=mx.nd.all_finite,
                             multi_sum_sq=mx.nd.multi_sum_sq, concat=mx.nd.concat,
-                            fully_connected=mx.nd.FullyConnected, zeros=mx.nd.zeros)
+                            fully_connected=mx.nd.FullyConnected, zeros=mx.nd.zeros,
+                            min=mx.nd.min, sum=mx.nd.sum)
 # Widest row a zero-vector probe takes; wider arrays keep all_finite (bounds the zero buffer).
 _MAX_PROBE_COLUMNS = 1 << 20
 # Keep each multi_sum_sq call well below any limit on the number of inputs of one op.
@@ -85,6 +88,7 @@ class _Plan:
         self.needs_cast = []
         self.flagged = []            # positions checked by their own all_finite
         self.summed = []             # lists of positions sharing one multi_sum_sq
+        self.squared = []            # low-precision positions summed slice by slice
         self.probed = {}             # position -> columns: a zero-vector probe feeds the sums
         self.zeros = {}              # context -> the zero vector probes read (widest row)
         groups = collections.defaultdict(list)
@@ -94,8 +98,10 @@ class _Plan:
             self.needs_cast.append(needs_cast)
             dtype = "float32" if needs_cast else dtypes.name_of(dense.dtype)
             columns = dense.size // dense.shape[0] if dense.ndim >= 2 and dense.size else 0
-            if squares_for_all or dense.size < LARGE_ARRAY:
+            if dense.size < LARGE_ARRAY or (squares_for_all and not needs_cast):
                 groups[(dense.context, dtype)].append(i)
+            elif squares_for_all:
+                self.squared.append(i)   # its sum of squares, a workspace slice at a time
             elif (dtype == "float32" and dtypes.is_cpu(dense.context)
                   and 0 < columns <= _MAX_PROBE_COLUMNS):
                 self.probed[i] = columns
@@ -109,8 +115,8 @@ class _Plan:
                 self.summed.append(members[start:start + _MAX_ARRAYS_PER_CALL])
         self.kinds = {i: "flag" for i in self.flagged}
         self.kinds.update({i: "probe" if i in self.probed else "sum_sq"
-                           for chunk in self.summed for i in chunk})
-        self.order = self.flagged + [i for chunk in self.summed for i in chunk]
+                           for chunk in self.summed + [self.squared] for i in chunk})
+        self.order = self.flagged + self.squared + [i for chunk in self.summed for i in chunk]
 
     def matches(self, arrays):
         """True when ``arrays`` are the very objects this plan was made for."""
@@ -124,6 +130,7 @@ class _Plan:
         # shared workspace (the dict is built in that order)
         large = {i: self._check_large(i, ready[i]) for i in self.flagged + list(self.probed)}
         vectors = [large[i] for i in self.flagged]
+        vectors += [self._sum_squares_in_slices(ready[i]) for i in self.squared]
         vectors += [_ND.multi_sum_sq(*[large[i] if i in large else self._float32(i, ready[i])
                                        for i in chunk], num_arrays=len(chunk))
                     for chunk in self.summed]
@@ -134,18 +141,42 @@ class _Plan:
 
     def _check_large(self, i, array):
         """A large array's check: its probe column, or its ``all_finite`` flag. A
-        low-precision one is first cast into the shared workspace: 4 B per element of the
-        largest array, not of all of them."""
-        if self.needs_cast[i]:
-            view = WORKSPACE.view(array.context, array.shape)
-            cast_into(array, view)
-            array = view
+        low-precision one is cast into the shared workspace a slice at a time (whole rows for
+        a probe), each slice checked before the next is cast: 4 B per element of one slice,
+        not of the array."""
         columns = self.probed.get(i)
+        if not self.needs_cast[i]:
+            return self._check(array, columns)
+        flat = array.reshape((-1,))
+        parts = []
+        for start, stop in slices(array.size, align=columns or 1):
+            view = WORKSPACE.view(array.context, (stop - start,))
+            cast_into(flat[start:stop], view)
+            parts.append(self._check(view, columns))
+        if len(parts) == 1:
+            return parts[0]
+        joined = _ND.concat(*parts, dim=0)
+        # a probe's column, row by row; flags: finite only where every slice is
+        return joined if columns else _ND.min(joined).reshape((1,))
+
+    def _check(self, array, columns):
+        """``all_finite`` of ``array`` (no ``columns``), or the zero-vector probe of its rows."""
         if columns is None:
             return _ND.all_finite(array)
         zero = self.zeros[array.context][:columns].reshape((1, columns))  # a view
         return _ND.fully_connected(array.reshape((-1, columns)), zero, no_bias=True,
                                    num_hidden=1)
+
+    @staticmethod
+    def _sum_squares_in_slices(array):
+        """A low-precision array's float32 sum of squares, one workspace slice at a time."""
+        flat = array.reshape((-1,))
+        parts = []
+        for start, stop in slices(array.size):
+            view = WORKSPACE.view(array.context, (stop - start,))
+            cast_into(flat[start:stop], view)
+            parts.append(_ND.multi_sum_sq(view, num_arrays=1))
+        return parts[0] if len(parts) == 1 else _ND.sum(_ND.concat(*parts, dim=0)).reshape((1,))
 
 
 def _gather_to_host(vectors):
