@@ -130,6 +130,21 @@ def test_o2_keeps_no_second_float32_copy_of_a_weight(amp_off):
         % ([a.size for a in flat], largest))
 
 
+def test_o2_float32_scratch_stays_at_4_mb_for_weights_larger_than_that(amp_off):
+    """1100 x 1100 weights (4.8 MB in float32): their update and finite check go through the
+    workspace a slice at a time, so it holds at most the documented 4 MB (1 M values), not
+    the largest weight. The update itself is checked against MXNet's in
+    test_multi_precision.py."""
+    net, _, _, _ = train_o2("sgd", width=1100, depth=2)
+    largest = max(p.data().size for p in net.collect_params().values())
+    assert largest * 4 > 4 * 2 ** 20, "the model must have a weight larger than 4 MB"
+    float32 = [a for a in live_arrays() if dtypes.name_of(a.dtype) == "float32"]
+    flat = [a for a in float32 if a.ndim == 1 and a.size > 1100]   # biases are 1100 long
+    assert len(flat) == 1 and flat[0].size * 4 <= 4 * 2 ** 20, (
+        "float32 scratch buffers of %s values; one, of at most 4 MB"
+        % [a.size for a in flat])
+
+
 #: Run in a child process: MXNet's profiler can finish a trace only once per process.
 STEP_STORAGE = r"""
 import json, sys
