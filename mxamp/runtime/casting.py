@@ -163,6 +163,21 @@ class Float32Workspace:
         buffer = self.reserve(context, offset + size)
         return buffer[offset:offset + size].reshape(shape)
 
+    def cast_slices(self, array, align=1):
+        """Yield ``(start, stop, view)`` for each :func:`slices` range of ``array``'s
+        flattened values, ``view`` holding that slice cast to float32. Each view shares the
+        one buffer: queue its use before asking for the next.
+
+        >>> ws = Float32Workspace()
+        >>> [(a, b, v.size) for a, b, v in ws.cast_slices(mx.nd.ones((3, 2)), align=2)]
+        [(0, 6, 6)]
+        """
+        flat = array.reshape((-1,))
+        for start, stop in slices(array.size, align=align):
+            view = self.view(array.context, (stop - start,))
+            cast_into(flat[start:stop], view)
+            yield start, stop, view
+
     def clear(self):
         """Free the buffers of every thread (``amp.reset``)."""
         self._local = threading.local()

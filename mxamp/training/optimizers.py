@@ -37,7 +37,7 @@ True
 from mxnet.optimizer import Updater
 
 from mxamp import dtypes
-from mxamp.runtime.casting import SLICE_ELEMENTS, WORKSPACE, cast, cast_into, slices
+from mxamp.runtime.casting import SLICE_ELEMENTS, WORKSPACE, cast, cast_into
 from mxamp.backend.mxnet_private import (TrainerView, restore_update_count,
                                          set_optimizer_device, update_count)
 
@@ -152,13 +152,11 @@ class MasterWeightUpdater(Updater):
         default layout, so their slices are views; the gradient is only read, and the weight
         is written whole."""
         _, master, state = self._master_state(index, weight)
-        flat_grad, flat_master = grad.reshape((-1,)), master.reshape((-1,))
+        flat_master = master.reshape((-1,))
         before = update_count(self.optimizer, index)
-        for start, stop in slices(weight.size):
+        for start, stop, grad32 in WORKSPACE.cast_slices(grad):
             restore_update_count(self.optimizer, index, before)
-            view = WORKSPACE.view(grad.context, (stop - start,))
-            cast_into(flat_grad[start:stop], view)
-            self.optimizer.update(index, flat_master[start:stop], view,
+            self.optimizer.update(index, flat_master[start:stop], grad32,
                                   _state_slice(state, start, stop))
         cast_into(master, weight)
 

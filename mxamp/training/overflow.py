@@ -41,7 +41,7 @@ import mxnet as mx
 import numpy as np
 
 from mxamp import dtypes
-from mxamp.runtime.casting import WORKSPACE, cast, cast_into, slices
+from mxamp.runtime.casting import WORKSPACE, cast
 
 # The operator functions as MXNet ships them, captured when mxamp is imported (before
 # amp.init can wrap them): the checks must see the gradients exactly as they are.
@@ -147,12 +147,8 @@ class _Plan:
         columns = self.probed.get(i)
         if not self.needs_cast[i]:
             return self._check(array, columns)
-        flat = array.reshape((-1,))
-        parts = []
-        for start, stop in slices(array.size, align=columns or 1):
-            view = WORKSPACE.view(array.context, (stop - start,))
-            cast_into(flat[start:stop], view)
-            parts.append(self._check(view, columns))
+        parts = [self._check(view, columns)
+                 for _, _, view in WORKSPACE.cast_slices(array, align=columns or 1)]
         if len(parts) == 1:
             return parts[0]
         joined = _ND.concat(*parts, dim=0)
@@ -170,12 +166,8 @@ class _Plan:
     @staticmethod
     def _sum_squares_in_slices(array):
         """A low-precision array's float32 sum of squares, one workspace slice at a time."""
-        flat = array.reshape((-1,))
-        parts = []
-        for start, stop in slices(array.size):
-            view = WORKSPACE.view(array.context, (stop - start,))
-            cast_into(flat[start:stop], view)
-            parts.append(_ND.multi_sum_sq(view, num_arrays=1))
+        parts = [_ND.multi_sum_sq(view, num_arrays=1)
+                 for _, _, view in WORKSPACE.cast_slices(array)]
         return parts[0] if len(parts) == 1 else _ND.sum(_ND.concat(*parts, dim=0)).reshape((1,))
 
 
