@@ -192,16 +192,32 @@ def memory_ratio(cells, workload, mode, base, key="maxrss_mb"):
     return top / bottom if top and bottom else None
 
 
+def _peak_cell(cell):
+    """The highest peak of a cell, and its lowest where the processes differ by 1% or more.
+
+    >>> _peak_cell({"maxrss_mb": 614.2, "spread_maxrss_mb": [598.1, 614.2]})
+    '614 (598)'
+    >>> _peak_cell({"maxrss_mb": 603.0, "spread_maxrss_mb": [602.4, 603.0]})
+    '603'
+    """
+    text = _cell(cell, "maxrss_mb", "%.0f")
+    low, high = (cell or {}).get("spread_maxrss_mb") or (None, None)
+    if low and high and high - low >= 0.01 * high:
+        text += " (%.0f)" % low
+    return text
+
+
 def memory_tables(cells, quick=False):
     """Peak memory per mode with ratios, the training delta, and where the bytes go."""
     rows = [(name, title) for name, title in _workload_rows(cells, quick) if name in WORKLOADS]
-    lines = ["", "Peak resident memory of the process (maxrss, MB; ratios < 1 mean less "
-             "memory than the other mode):", "",
+    lines = ["", "Peak resident memory of the process (maxrss, MB): the highest of the cell's "
+             "processes, with the lowest after it where they differ by 1% or more; ratios, from "
+             "the highest, < 1 mean less memory than the other mode:", "",
              "| workload | " + " | ".join(t for _, t in COLUMNS) + " | "
              + " | ".join(t for t, _, _ in MEMORY_RATIOS) + " |",
              "|" + "---|" * (len(COLUMNS) + len(MEMORY_RATIOS) + 1)]
     for name, title in rows:
-        row = [title] + [_cell(cells.get((name, mode)), "maxrss_mb", "%.0f") for mode, _ in COLUMNS]
+        row = [title] + [_peak_cell(cells.get((name, mode))) for mode, _ in COLUMNS]
         row += [_ratio_text(memory_ratio(cells, name, m, b)) for _, m, b in MEMORY_RATIOS]
         lines.append("| " + " | ".join(row) + " |")
     trials = ["%s %.0f MB" % (title, cells[(name, "mxamp_tuned")]["trials_maxrss_mb"])

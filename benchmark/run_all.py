@@ -163,7 +163,9 @@ def run_overflow(args):
 
 
 def summarize(runs):
-    """``{(workload, mode): cell}``: median over the repeats' medians, max peak RSS, errors."""
+    """``{(workload, mode): cell}``: median over the repeats' medians, the highest peak RSS
+    (and the lowest: processes of one cell differ by where the C heap put freed blocks),
+    errors."""
     cells = {}
     for key in sorted({(r["workload"], r["mode"]) for r in runs}):
         mine = [r for r in runs if (r["workload"], r["mode"]) == key]
@@ -176,6 +178,8 @@ def summarize(runs):
                         spread_ms=[min(r["median_ms"] for r in ok),
                                    max(r["median_ms"] for r in ok)],
                         maxrss_mb=max(r.get("maxrss_mb", 0) for r in ok),
+                        spread_maxrss_mb=[min(r.get("maxrss_mb", 0) for r in ok),
+                                          max(r.get("maxrss_mb", 0) for r in ok)],
                         trials_maxrss_mb=max(r.get("trials_maxrss_mb", 0) for r in ok),
                         median_cpu_ms=statistics.median(r.get("median_cpu_ms", 0) for r in ok),
                         loadavg=statistics.median(r.get("loadavg", 0) for r in ok))
