@@ -116,8 +116,9 @@ class MasterWeightUpdater(Updater):
         # the size of the largest parameter or of a slice, whichever is smaller, reused
         # every step, instead of 4 B per parameter.
         sliced = updates_elementwise(self.optimizer)
-        large = [e for e in entries if sliced and e[2].size > SLICE_ELEMENTS]
-        whole = [e for e in entries if e not in large]
+        whole, large = [], []
+        for entry in entries:
+            (large if sliced and entry[2].size > SLICE_ELEMENTS else whole).append(entry)
         budget = max([e[2].size for e in whole] or [0])
         budget = min(budget, SLICE_ELEMENTS) if sliced else budget
         for chunk in _chunks(whole, step, budget):
@@ -143,7 +144,6 @@ class MasterWeightUpdater(Updater):
             self.optimizer.update(indices, masters, grads32, inner)
         for (_, _, weight), master in zip(entries, masters):
             cast_into(master, weight)
-
 
     def _update_in_slices(self, index, grad, weight):
         """One large weight's update, a workspace slice at a time; every slice sees the
