@@ -153,7 +153,7 @@ class _Plan:
             return parts[0]
         joined = _ND.concat(*parts, dim=0)
         # a probe's column, row by row; flags: finite only where every slice is
-        return joined if columns else _ND.min(joined).reshape((1,))
+        return joined if columns else _ND.min(joined)   # a reduction to one value: shape (1,)
 
     def _check(self, array, columns):
         """``all_finite`` of ``array`` (no ``columns``), or the zero-vector probe of its rows."""
@@ -168,7 +168,7 @@ class _Plan:
         """A low-precision array's float32 sum of squares, one workspace slice at a time."""
         parts = [_ND.multi_sum_sq(view, num_arrays=1)
                  for _, _, view in WORKSPACE.cast_slices(array)]
-        return parts[0] if len(parts) == 1 else _ND.sum(_ND.concat(*parts, dim=0)).reshape((1,))
+        return parts[0] if len(parts) == 1 else _ND.sum(_ND.concat(*parts, dim=0))
 
 
 def _gather_to_host(vectors):
