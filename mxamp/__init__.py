@@ -23,14 +23,15 @@ _MISSING_MXNET = (
     "or pip install 'mxamp[cu112]' (CUDA 11.2 GPUs, float16)."
 )
 
+# Before MXNet's first operator, which starts its resource manager: one CPU temp-space buffer,
+# not four (mxamp/backend/heap.py). First of all, since the AMX latch below runs an operator.
+from mxamp.backend import heap as _heap  # noqa: E402
+_heap.share_cpu_temp_space()
+
 # Before MXNet's first oneDNN primitive (unless MXAMP_AMX=0):
 # lets oneDNN use AMX where the CPU and kernel allow it; see mxamp/backend/cpu.py for the import order.
 from mxamp.backend import cpu as _cpu  # noqa: E402
 _cpu.enable_amx_if_possible()
-
-# Before MXNet hands out its first temp space: one CPU buffer, not four (mxamp/backend/heap.py).
-from mxamp.backend import heap as _heap  # noqa: E402
-_heap.share_cpu_temp_space()
 
 try:
     import mxnet as _mxnet  # noqa: F401

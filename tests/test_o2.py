@@ -19,9 +19,11 @@ from mxamp import amp, dtypes
 from mxamp.conversion.o2 import cast_model  # the facade's amp.cast_model
 
 
-def dtype_name(param_or_dtype):
-    dtype = param_or_dtype.dtype if isinstance(param_or_dtype, mx.gluon.Parameter) \
-        else param_or_dtype
+def dtype_name(param_array_or_dtype):
+    """The dtype's name, of a Parameter, an NDArray or a dtype (an array's dtype is read here:
+    numpy 2's np.dtype no longer takes an object by its .dtype attribute)."""
+    thing = param_array_or_dtype
+    dtype = thing.dtype if isinstance(thing, (mx.gluon.Parameter, mx.nd.NDArray)) else thing
     return dtypes.name_of(dtype)
 
 

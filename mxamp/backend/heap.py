@@ -56,9 +56,10 @@ def share_cpu_temp_space(environ=None):
     """Set ``MXNET_CPU_TEMP_COPY=1`` where neither it nor ``MXNET_CPU_WORKER_NTHREADS`` is set
     (see the module's docstring); returns what it did, in words ('' when it left MXNet alone).
 
-    MXNet reads the variable when it first hands out temp space, at its first such operator,
-    so ``import mxamp`` sets it before any model runs. Set ``MXNET_CPU_TEMP_COPY`` yourself
-    (4 is MXNet's default) to keep your own.
+    MXNet reads the variable once, when its resource manager starts at the first operator that
+    needs it (a FullyConnected does, ``mx.nd.ones`` does not: measured with glibc's live-block
+    count), so ``import mxamp`` sets it first of all, before its own AMX latch runs one. Set
+    ``MXNET_CPU_TEMP_COPY`` yourself (4 is MXNet's default) to keep your own.
 
     >>> share_cpu_temp_space(environ={'MXNET_CPU_TEMP_COPY': '4'})
     ''
