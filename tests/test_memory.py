@@ -17,6 +17,7 @@ computes in float32), so these tests run everywhere; only the storage side is ch
 import gc
 import json
 import os
+import resource
 import subprocess
 import sys
 
@@ -27,6 +28,7 @@ from mxnet import autograd
 from mxnet.gluon import nn
 
 from mxamp import amp, dtypes
+from mxamp.backend import heap
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -373,3 +375,54 @@ def test_import_mxamp_gives_mxnet_one_cpu_temp_space_unless_told_otherwise():
     assert setting == "1", "import mxamp set MXNET_CPU_TEMP_COPY=%s" % setting
     assert default - shared >= 2 * 16, "grew %d MB with mxamp, %d MB without" % (shared, default)
     assert _temp_space_growth("mxamp", MXNET_CPU_WORKER_NTHREADS="2")[0] == "None"
+
+
+def _resident_mb():
+    with open("/proc/self/statm") as f:   # now, not the peak
+        return int(f.read().split()[1]) * resource.getpagesize() / 2 ** 20
+
+
+@pytest.mark.skipif(heap._malloc_trim() is None, reason="needs glibc's malloc_trim")
+def test_trim_after_forward_gives_freed_blocks_back_only_when_asked():
+    """800 arrays of 64 KB (below glibc's mmap threshold, so they live in its heap; a fence
+    keeps them from the top of the heap) are freed: glibc keeps their 50 MB resident until a
+    trim. Measured on the Zen 4: 45.2 MB went back with this test alone, 79.5 MB after the rest
+    of this file (blocks its tests freed); the bound is about half of the 50."""
+    arrays = [mx.nd.ones((16384,)) for _ in range(800)]
+    fence = mx.nd.ones((16384,))
+    mx.nd.waitall()
+    del arrays
+    mx.nd.waitall()
+    loss = fence.sum()
+    kept = _resident_mb()
+    assert not heap.trim_after_forward([loss], environ={}), "off by default"
+    assert _resident_mb() > kept - 5, "nothing goes back while MXAMP_TRIM_HEAP is off"
+    assert heap.trim_after_forward([loss], environ={"MXAMP_TRIM_HEAP": "1"})
+    released = kept - _resident_mb()
+    assert released >= 25, "a trim gave back %.1f MB of the 50 MB freed" % released
+
+
+def test_scale_loss_trims_once_per_step_on_the_cpu_when_asked(monkeypatch, amp_off):
+    """``amp.scale_loss`` is where forward ends and backward begins: with MXAMP_TRIM_HEAP=1 it
+    trims there once per step, after the loss is computed; unset, never."""
+    calls = []
+    monkeypatch.setattr(heap, "_TRIM", [lambda pad: calls.append(pad) or 1])
+    net = nn.Dense(4)
+    net.initialize()
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+    amp.init_trainer(trainer)
+    x = mx.nd.ones((2, 3))
+
+    def step():
+        with autograd.record():
+            loss = net(x).sum()
+            with amp.scale_loss(loss, trainer) as scaled:
+                autograd.backward(scaled)
+        trainer.step(2)
+
+    step()
+    assert calls == [], "trimmed without MXAMP_TRIM_HEAP=1"
+    monkeypatch.setenv("MXAMP_TRIM_HEAP", "1")
+    step()
+    step()
+    assert calls == [0, 0], "expected one trim per step, got %s" % calls

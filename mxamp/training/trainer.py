@@ -49,6 +49,7 @@ from mxnet.optimizer import Optimizer
 from mxamp import dtypes
 from mxamp.training import distributed, optimizers
 from mxamp.errors import AmpArgumentError
+from mxamp.backend import heap
 from mxamp.backend.mxnet_private import TrainerView
 from mxamp.training.scaler import DEFAULTS, TARGET_DEFAULTS, LossScaler, ScalerConfig
 from mxamp.runtime.state import STATE
@@ -302,6 +303,9 @@ def scale_loss(loss, optimizer_or_trainer):
     with hook.lock:
         scale = hook.loss_scale
         view.scale = view.amp_original_scale / scale
+    losses = [loss] if items is None else items
+    if all(x.context.device_type == "cpu" for x in losses):
+        heap.trim_after_forward(losses)   # only with MXAMP_TRIM_HEAP=1
     if scale == 1.0:
         result = loss if items is None else items
     else:
