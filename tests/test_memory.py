@@ -14,6 +14,7 @@ widths (the accounting of issue #25), never read from mxamp:
 The dtypes held are bfloat16 on every CPU class (on class 'none' O2 stores bfloat16 and
 computes in float32), so these tests run everywhere; only the storage side is checked.
 """
+import ast
 import gc
 import json
 import os
@@ -426,3 +427,19 @@ def test_scale_loss_trims_once_per_step_on_the_cpu_when_asked(monkeypatch, amp_o
     step()
     step()
     assert calls == [0, 0], "expected one trim per step, got %s" % calls
+
+
+def test_import_mxamp_shares_the_temp_space_before_anything_can_run_an_operator():
+    """Checks the order of ``mxamp/__init__.py`` only. MXNet reads MXNET_CPU_TEMP_COPY once, at
+    the first operator that asks for temp space. On an AMX CPU, ``enable_amx_if_possible`` runs
+    one (its ISA latch), so the variable must be set before it: the other order left four
+    buffers on the AMX Xeon (192 MB of sort scratch, the temp-space test above). CPUs without
+    AMX never run the latch, so only this order check can catch that regression there."""
+    import mxamp
+    tree = ast.parse(open(mxamp.__file__).read())
+    calls = [node.value.func.attr for node in tree.body
+             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+             and isinstance(node.value.func, ast.Attribute)]
+    assert "share_cpu_temp_space" in calls and "enable_amx_if_possible" in calls, calls
+    assert calls.index("share_cpu_temp_space") < calls.index("enable_amx_if_possible"), (
+        "import mxamp runs %s: the temp-space setting must come first" % calls)
