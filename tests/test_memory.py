@@ -329,17 +329,20 @@ if sys.argv[1] == 'mxamp':
     import mxamp  # noqa: F401
 import mxnet as mx
 
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                'arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost'.split()]
+FIELDS = 'arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost'.split()
+libc = ctypes.CDLL('libc.so.6')
+# glibc >= 2.33 has mallinfo2 (size_t fields); older ones only mallinfo (int fields, enough here)
+if hasattr(libc, 'mallinfo2'):
+    mallinfo, width = libc.mallinfo2, ctypes.c_size_t
+else:
+    mallinfo, width = libc.mallinfo, ctypes.c_int
+mallinfo.restype = type('MallInfo', (ctypes.Structure,), {'_fields_': [(n, width) for n in FIELDS]})
 
 def live_heap_mb():
-    # Bytes the C heap has handed out and not had back (glibc's mallinfo2): a count, unlike the
+    # Bytes the C heap has handed out and not had back (glibc's mallinfo): a count, unlike the
     # resident size the kernel reports. Read from /proc/self/statm, that grew 160 MB with one
     # buffer and with four alike in the gVisor sandbox of an AMX Xeon (2026-11-27).
-    mallinfo2 = ctypes.CDLL('libc.so.6').mallinfo2
-    mallinfo2.restype = MallInfo2
-    info = mallinfo2()
+    info = mallinfo()
     return (info.uordblks + info.hblkhd) / 2 ** 20
 
 x = mx.nd.random.uniform(shape=(4 * 1024 * 1024,))   # 16 MB
