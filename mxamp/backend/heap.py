@@ -110,10 +110,10 @@ def release_free_memory():
 
 
 def trim_after_forward(losses, environ=None):
-    """With ``MXAMP_TRIM_HEAP=1``: wait for ``losses`` (forward is then over) and give the C
-    heap's free pages back (see the module's docstring); True where it trimmed. Off by default:
-    backward then faults the pages back in, which cost 7-10% of an MLP step on a Zen 4.
-    ``amp.scale_loss`` calls it for losses on the CPU.
+    """With ``MXAMP_TRIM_HEAP=1`` and ``losses`` on the CPU: wait for them (forward is then
+    over) and give the C heap's free pages back (see the module's docstring); True where it
+    trimmed. Off by default: backward then faults the pages back in, which cost 7-10% of an MLP
+    step on a Zen 4. ``amp.scale_loss`` calls it every step; off, it costs one lookup.
 
     >>> trim_after_forward([], environ={})
     False
@@ -123,6 +123,8 @@ def trim_after_forward(losses, environ=None):
     trim = _malloc_trim()
     if trim is None or not env.flag("MXAMP_TRIM_HEAP", environ):
         return False
+    if any(loss.context.device_type != "cpu" for loss in losses):
+        return False   # a GPU's memory is not the C heap's, and a wait would stall its queue
     for loss in losses:
         loss.wait_to_read()
     trim(0)   # 1 where pages went back, 0 where none were free: trimmed either way

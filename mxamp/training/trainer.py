@@ -303,9 +303,7 @@ def scale_loss(loss, optimizer_or_trainer):
     with hook.lock:
         scale = hook.loss_scale
         view.scale = view.amp_original_scale / scale
-    losses = [loss] if items is None else items
-    if all(x.context.device_type == "cpu" for x in losses):
-        heap.trim_after_forward(losses)   # only with MXAMP_TRIM_HEAP=1
+    heap.trim_after_forward([loss] if items is None else items)   # only with MXAMP_TRIM_HEAP=1
     if scale == 1.0:
         result = loss if items is None else items
     else:
