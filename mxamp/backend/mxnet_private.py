@@ -48,10 +48,17 @@ def to_default_layout(array):
     ``MXNDArrayGetData`` reorders a oneDNN array to the default layout before it hands out the
     pointer, which is all this uses it for.
 
+    It waits for the array first. An inference pass does not reorder a weight itself: it
+    queues the reorder on MXNet's engine, to run after the operator that read the weight. The
+    pass's outputs can be ready before that reorder has run; ``MXNDArrayGetData`` asks whether
+    the array is in oneDNN's layout without waiting, so it would find the old layout and skip,
+    and the queued reorder would then leave the weight blocked for the cast that follows.
+
     >>> import mxnet as mx
     >>> to_default_layout(mx.nd.ones((2, 2))).shape
     (2, 2)
     """
+    array.wait_to_read()   # the engine's queued writes to it (a layout change among them)
     pointer = ctypes.c_void_p()
     check_call(LIB.MXNDArrayGetData(array.handle, ctypes.byref(pointer)))
     return array
