@@ -31,7 +31,7 @@ from mxamp._version import __version__
 from mxamp.backend import env
 from mxamp.backend.timing import time_calls
 from mxamp.backend.cpu import cpu_features, read_cpuinfo
-from mxamp.backend.heap import cpu_temp_space
+from mxamp.backend.heap import cpu_temp_space, trim_policy
 from mxamp.precision.plan import precision_plan
 from mxamp.backend.probe import cache_path, machine_probe
 
@@ -139,7 +139,8 @@ def collect(timing=True, probe=True, seconds=0.5):
                 "bf16_class": features.bf16_class, "bf16_reason": features.bf16_reason,
                 "decided_ms": features.decided_ms, "amx_enabled": features.amx_enabled,
                 "amx_in_effect": features.amx_in_effect, "amx_check": features.amx_check,
-                "amx_reason": features.reason, "temp_space": cpu_temp_space()},
+                "amx_reason": features.reason, "temp_space": cpu_temp_space(),
+                "heap_trim": trim_policy(), "MXAMP_TRIM_HEAP": env.value("MXAMP_TRIM_HEAP")},
         "plans": {}, "onednn": None, "timing": {}, "consistent": None, "probe": None,
     }
     places = [("cpu", mx.cpu())] + ([("gpu", mx.gpu(0))] if facts["build"]["gpus"] else [])
@@ -201,7 +202,10 @@ def format_report(facts):
              "  bfloat16 class: %s (%s); decided in %.1f ms" % (
                  c["bf16_class"], c["bf16_reason"], c["decided_ms"]),
              "  AMX: %s" % _amx_line(c),
-             "  MXNet's CPU temp space: %s" % c.get("temp_space", "unknown")]
+             "  MXNet's CPU temp space: %s" % c.get("temp_space", "unknown"),
+             "  C heap trim in amp.scale_loss: %s (MXAMP_TRIM_HEAP%s)" % (
+                 c.get("heap_trim", "unknown"), " unset" if c.get("MXAMP_TRIM_HEAP") is None
+                 else "=" + c["MXAMP_TRIM_HEAP"])]
     if facts["onednn"]:
         o = facts["onednn"]
         lines.append("  oneDNN reports: %s" % o["isa"])

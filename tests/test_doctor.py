@@ -46,6 +46,9 @@ def test_text_report_names_the_class_and_what_init_does():
     assert "bfloat16 class: %s" % CPU_CLASS in out, out
     assert "oneDNN reports:" in out and "What amp.init(target_dtype=...) computes here:" in out
     assert "Timing" not in out, "--no-timing must skip the timing"
+    said = {None: "on peak growth", "0": "never", "1": "every step"}[
+        os.environ.get("MXAMP_TRIM_HEAP")]   # the README's table of environment variables
+    assert "C heap trim in amp.scale_loss: %s" % said in out, out
     if not BF16_KERNELS:
         assert "bfloat16 requested; float32 compute: this CPU has no bfloat16 kernels" in out, out
 

@@ -387,7 +387,7 @@ def _resident_mb():
 
 
 @pytest.mark.skipif(heap._malloc_trim() is None, reason="needs glibc's malloc_trim")
-def test_trim_after_forward_gives_freed_blocks_back_only_when_asked():
+def test_trim_after_forward_gives_freed_blocks_back_unless_told_not_to():
     """800 arrays of 64 KB (below glibc's mmap threshold, so they live in its heap; a fence
     keeps them from the top of the heap) are freed: glibc keeps their 50 MB resident until a
     trim. Measured on the Zen 4: 45.2 MB went back with this test alone, 79.5 MB after the rest
@@ -399,18 +399,63 @@ def test_trim_after_forward_gives_freed_blocks_back_only_when_asked():
     mx.nd.waitall()
     loss = fence.sum()
     kept = _resident_mb()
-    assert not heap.trim_after_forward([loss], environ={}), "off by default"
-    assert _resident_mb() > kept - 5, "nothing goes back while MXAMP_TRIM_HEAP is off"
+    assert not heap.trim_after_forward([loss], environ={"MXAMP_TRIM_HEAP": "0"})
+    assert _resident_mb() > kept - 5, "something went back with MXAMP_TRIM_HEAP=0"
     assert heap.trim_after_forward([loss], environ={"MXAMP_TRIM_HEAP": "1"})
     released = kept - _resident_mb()
     assert released >= 25, "a trim gave back %.1f MB of the 50 MB freed" % released
 
 
-def test_scale_loss_trims_once_per_step_on_the_cpu_when_asked(monkeypatch, amp_off):
-    """``amp.scale_loss`` is where forward ends and backward begins: with MXAMP_TRIM_HEAP=1 it
-    trims there once per step, after the loss is computed; unset, never."""
+_PEAK_RUN = r"""
+import resource, sys
+import numpy as np
+import mxnet as mx
+from mxamp.backend import heap
+
+def peak_kb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+def resident_kb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() // 1024
+
+loss = mx.nd.ones((1,)).sum()
+said = [heap.trim_after_forward([loss])]                  # the first step: the peak is new
+said.append(heap.trim_after_forward([loss]))              # nothing grew since
+before = peak_kb()
+# raise the peak by 5%: touch what lies between now and the peak, and 5% of the peak more
+grow = np.ones((before - resident_kb() + before // 20) * 1024 // 8)
+grown = peak_kb() / before - 1
+said.append(heap.trim_after_forward([loss]))
+said.append(heap.trim_after_forward([loss]))
+print(grown, *said)
+"""
+
+
+@pytest.mark.skipif(heap._malloc_trim() is None, reason="needs glibc's malloc_trim")
+def test_by_default_scale_loss_trims_while_the_peak_grows_and_not_after():
+    """Unset, ``MXAMP_TRIM_HEAP`` trims where the process's resident peak grew by more than 1%
+    since the last trim: a fresh process (its own peak, read from the kernel) trims at its
+    first call, not at a second with nothing grown, again after it touched 5% more than its
+    peak, and not right after that."""
+    env = {k: v for k, v in os.environ.items() if k != "MXAMP_TRIM_HEAP"}
+    proc = subprocess.run([sys.executable, "-c", _PEAK_RUN], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    grown, *said = proc.stdout.split()
+    assert float(grown) > 0.03, "the kernel saw the peak grow by %.1f%% only" % (
+        100 * float(grown))
+    assert said == ["True", "False", "True", "False"], \
+        "trimmed (first, nothing grown, grown 5%%, nothing grown): %s" % said
+
+
+def test_scale_loss_trims_on_the_cpu_as_mxamp_trim_heap_says(monkeypatch, amp_off):
+    """``amp.scale_loss`` is where forward ends and backward begins: there it trims once per
+    step with MXAMP_TRIM_HEAP=1, never with 0, and unset only where the process's peak is
+    above the last trim's by more than 1% (here set by hand to 0 and to far above it)."""
     calls = []
     monkeypatch.setattr(heap, "_TRIM", [lambda pad: calls.append(pad) or 1])
+    monkeypatch.setattr(heap, "_LAST_TRIM_PEAK_KB", [0])
     net = nn.Dense(4)
     net.initialize()
     trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
@@ -424,12 +469,20 @@ def test_scale_loss_trims_once_per_step_on_the_cpu_when_asked(monkeypatch, amp_o
                 autograd.backward(scaled)
         trainer.step(2)
 
+    monkeypatch.setenv("MXAMP_TRIM_HEAP", "0")
     step()
-    assert calls == [], "trimmed without MXAMP_TRIM_HEAP=1"
+    assert calls == [], "trimmed with MXAMP_TRIM_HEAP=0"
     monkeypatch.setenv("MXAMP_TRIM_HEAP", "1")
     step()
     step()
     assert calls == [0, 0], "expected one trim per step, got %s" % calls
+    monkeypatch.delenv("MXAMP_TRIM_HEAP")
+    heap._LAST_TRIM_PEAK_KB[0] = 0
+    step()
+    assert calls == [0, 0, 0], "unset, with the peak above the last trim's, it did not trim"
+    heap._LAST_TRIM_PEAK_KB[0] = 2 ** 50
+    step()
+    assert calls == [0, 0, 0], "unset, with the peak below the last trim's, it trimmed"
 
 
 def test_import_mxamp_shares_the_temp_space_before_anything_can_run_an_operator():

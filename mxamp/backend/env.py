@@ -28,9 +28,10 @@ VARIABLES = {
     "MXAMP_PROBE": (True, "off: 'auto' follows the CPU class alone, no measurement"),
     "MXAMP_PROBE_CACHE": (True, "off: the probe neither reads nor writes its cache file"),
     "MXAMP_REPROBE": (False, "on: measure again even where the cache has a result"),
-    "MXAMP_TRIM_HEAP": (False, "on: amp.scale_loss gives the C heap's free pages back between "
-                               "forward and backward on the CPU: a lower peak, slower steps "
-                               "(see README, Memory)"),
+    "MXAMP_TRIM_HEAP": (None, "when amp.scale_loss gives the C heap's free pages back, between "
+                              "forward and backward on the CPU; unset: on the steps where the "
+                              "process's peak grew; on: every step (slower); off: never "
+                              "(see README, Memory)"),
     "MXAMP_TUNE_FORK": (True, "off: amp.tune times its candidates in this process instead of a "
                               "forked copy (their memory then stays with the process)"),
     "DNNL_MAX_CPU_ISA": (None, "oneDNN's ISA cap (AVX2, AVX512_CORE, AVX512_CORE_BF16, "

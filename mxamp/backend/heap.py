@@ -19,15 +19,27 @@
   follows (``amp.tune``'s trials in the process), the process stays as large as its largest
   trial. glibc's ``malloc_trim`` returns the free pages; elsewhere (musl, macOS) this does
   nothing.
-* :func:`trim_after_forward` (``amp.scale_loss`` on the CPU, with ``MXAMP_TRIM_HEAP=1``): the
-  same, once per training step, between forward and backward. By then forward's temporaries
-  are freed, but glibc keeps their pages, and backward's allocations, of other sizes, often
-  land elsewhere, so a step's resident peak holds both. Measured on a Zen 4 (alternating
-  processes, bfloat16): MLP training peaked at 655-675 MB instead of 703-716 with ``amp.init``
-  (the reference: 701-703), O2 at 577-595 instead of 596-614 (float32: 593-604), ResNet-50 O2
-  at 1443-1450 instead of 1453-1510 (float32: 2207-2265). The price: backward faults the
-  returned pages back in, and MLP steps took 7-10% longer (fastest step 311-322 ms against
-  289-292 with ``amp.init``). So it is off unless asked for.
+* :func:`trim_after_forward` (``amp.scale_loss`` on the CPU): the same, between forward and
+  backward, on the steps where the process's resident peak grew by more than
+  :data:`PEAK_GROWTH` since the last trim (``MXAMP_TRIM_HEAP`` unset), on every step (``1``),
+  or never (``0``). By then forward's temporaries are freed, but glibc keeps their pages, and
+  backward's allocations, of other sizes, often land elsewhere, so a step's resident peak
+  holds both. The peak grows over a job's first steps and then stays, so by default the
+  trims come in the first steps (the first 3-4 on a Zen 4, now and then one more later) and
+  steady steps run untouched; a trim on every step costs speed, because backward faults the
+  returned pages back in. Measured on a Zen 4 (bfloat16, three alternating processes each,
+  peak MB; ``benchmark/results/native-amd-epyc-zen4/trim-growth-a5fd077.md``):
+
+  ======================  ===========  ============  =========  ==================
+  workload                growth       every step    never      without mxamp
+  ======================  ===========  ============  =========  ==================
+  MLP, ``amp.init``       672-680      675-678       702-726    reference 685-710
+  MLP, O2                 586-594                    595-602    float32 598-604
+  ResNet-50, O2           1453-1471    1444-1472     1420-1454  float32 2177-2217
+  ======================  ===========  ============  =========  ==================
+
+  On every step, the MLP's fastest step took 7-10% longer (311-322 ms against 289-292,
+  ``trim-heap-b628251.md``).
 
 >>> isinstance(release_free_memory(), bool)
 True
@@ -37,6 +49,7 @@ import ctypes.util
 import gc
 import logging
 import os
+import resource
 
 from mxamp.backend import env
 
@@ -109,23 +122,54 @@ def release_free_memory():
     return bool(trim is not None and trim(0))
 
 
-def trim_after_forward(losses, environ=None):
-    """With ``MXAMP_TRIM_HEAP=1`` and ``losses`` on the CPU: wait for them (forward is then
-    over) and give the C heap's free pages back (see the module's docstring); True where it
-    trimmed. Off by default: backward then faults the pages back in, which cost 7-10% of an MLP
-    step on a Zen 4. ``amp.scale_loss`` calls it every step; off, it costs one lookup.
+#: The default trims when the process's resident peak grew by more than this share since
+#: the last trim: a peak that creeps by a page now and then is left alone (after its first
+#: steps, the Zen 4's MLP grew by 0-2 MB a step, which a trim would not have saved).
+PEAK_GROWTH = 0.01
+_LAST_TRIM_PEAK_KB = [0]   # the resident peak at the last trim of trim_after_forward
 
-    >>> trim_after_forward([], environ={})
+#: What ``MXAMP_TRIM_HEAP`` asks for: unset, on and off.
+TRIM_POLICIES = ("on peak growth", "every step", "never")
+
+
+def trim_policy(environ=None):
+    """When :func:`trim_after_forward` trims, by ``MXAMP_TRIM_HEAP``: one of
+    :data:`TRIM_POLICIES`.
+
+    >>> [trim_policy(e) for e in ({}, {'MXAMP_TRIM_HEAP': '1'}, {'MXAMP_TRIM_HEAP': 'off'})]
+    ['on peak growth', 'every step', 'never']
+    """
+    if env.value("MXAMP_TRIM_HEAP", environ) is None:
+        return TRIM_POLICIES[0]
+    return TRIM_POLICIES[1] if env.flag("MXAMP_TRIM_HEAP", environ) else TRIM_POLICIES[2]
+
+
+def _peak_kb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss   # KB on Linux
+
+
+def trim_after_forward(losses, environ=None):
+    """Where ``losses`` are on the CPU and :func:`trim_policy` says so: wait for them (forward
+    is then over) and give the C heap's free pages back (see the module's docstring); True
+    where it trimmed. ``amp.scale_loss`` calls it every step; where it does not trim, it costs
+    a look at the process's peak.
+
+    >>> trim_after_forward([], environ={'MXAMP_TRIM_HEAP': '0'})
     False
     >>> trim_after_forward([], environ={'MXAMP_TRIM_HEAP': '1'}) == (_malloc_trim() is not None)
     True
     """
     trim = _malloc_trim()
-    if trim is None or not env.flag("MXAMP_TRIM_HEAP", environ):
+    policy = trim_policy(environ)
+    if trim is None or policy == "never":
         return False
     if any(loss.context.device_type != "cpu" for loss in losses):
         return False   # a GPU's memory is not the C heap's, and a wait would stall its queue
+    peak = _peak_kb()
+    if policy == "on peak growth" and peak <= _LAST_TRIM_PEAK_KB[0] * (1 + PEAK_GROWTH):
+        return False
     for loss in losses:
         loss.wait_to_read()
     trim(0)   # 1 where pages went back, 0 where none were free: trimmed either way
+    _LAST_TRIM_PEAK_KB[0] = peak
     return True

@@ -298,12 +298,13 @@ def scale_loss(loss, optimizer_or_trainer):
     items = [_check_loss(x) for x in loss] if isinstance(loss, (list, tuple)) else None
     if items is None:
         _check_loss(loss)
+    # first, so that a forward's error that the wait for the losses raises leaves no state
+    heap.trim_after_forward([loss] if items is None else items)   # while the peak grows
     _before_first_step(trainer, hook.lock)
     view = TrainerView(trainer)
     with hook.lock:
         scale = hook.loss_scale
         view.scale = view.amp_original_scale / scale
-    heap.trim_after_forward([loss] if items is None else items)   # only with MXAMP_TRIM_HEAP=1
     if scale == 1.0:
         result = loss if items is None else items
     else:
