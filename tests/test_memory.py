@@ -104,6 +104,56 @@ def test_o2_holds_12_bytes_per_parameter_with_momentum(amp_off, optimizer, state
         % (optimizer, held, count, expected, 2 + 2 + 4 + state_bytes))
 
 
+class ScaledEmbedding(nn.HybridBlock):
+    """An embedding times a learned per-feature scale: ops with float16 CPU kernels, so that
+    O2's float16 path (the GPU's target) runs here too."""
+
+    def __init__(self, rows, width, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.embed = nn.Embedding(rows, width)
+            self.scale = self.params.get("scale", shape=(width,), init=mx.init.One())
+
+    def hybrid_forward(self, F, x, scale):
+        return F.broadcast_mul(self.embed(x), scale)
+
+
+@pytest.mark.parametrize("target", ["bfloat16", "float16"])
+def test_o2_holds_12_bytes_per_parameter_for_either_target(amp_off, target):
+    """Issue #25's item 7: float16, the GPU's target, follows O2's design. Every parameter
+    holds 12 B with SGD momentum, whatever dtype cast_model left it in (2 + 2 + 4 + 4 low, 4 +
+    4 + 4 float32), and a low-precision parameter's state is a float32 master and momentum:
+    for float16 MXNet's own multi-precision state, turned on by amp.init_trainer although the
+    optimizer was made without it."""
+    mx.random.seed(3)
+    net = ScaledEmbedding(4096, 64)
+    net.initialize(mx.init.Xavier())
+    x = mx.nd.array(np.arange(64).reshape(8, 8))
+    y = mx.nd.random.uniform(shape=(8, 8, 64))
+    amp.cast_model(net, target, example_inputs=x)
+    net.hybridize(static_alloc=True)
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd",
+                               {"learning_rate": 0.01, "momentum": 0.9}, kvstore=None)
+    amp.init_trainer(trainer)
+    for _ in range(2):
+        one_step(net, trainer, x, y, mx.gluon.loss.L2Loss())
+    updater = trainer._updaters[0]
+    low, held, count = 0, 0, 0
+    for param in net.collect_params().values():
+        state = arrays_in(updater.states[trainer._param2idx[param.name]])
+        if dtypes.name_of(param.data().dtype) == target:
+            low += 1
+            assert dtypes.name_of(param.grad().dtype) == target, param.name
+            assert [dtypes.name_of(a.dtype) for a in state] == ["float32", "float32"], (
+                "%s: state %s, expected a float32 master and momentum"
+                % (param.name, [dtypes.name_of(a.dtype) for a in state]))
+        held += nbytes(param.data()) + nbytes(param.grad()) + sum(nbytes(a) for a in state)
+        count += param.data().size
+    assert low >= 1, "cast_model left no %s parameter" % target
+    assert held == 12 * count, "%s O2 holds %d B for %d parameters, not 12 B each" % (
+        target, held, count)
+
+
 def live_arrays():
     gc.collect()
     found = {}

@@ -82,6 +82,55 @@ def test_float16_weights_train_with_float32_masters(seed, name, extra):
         "the float16 weight must be the cast of its float32 master"
 
 
+def test_float16_weights_get_float32_masters_without_asking():
+    """O2's design for either target: a float16 weight gets a float32 master although the
+    optimizer was made without ``multi_precision`` (MXNet's default). 60 steps of 1e-4 from
+    1.0: float16's spacing below 1.0 is 2**-11, so an update in place would round back to 1.0
+    every time; the master follows float32 arithmetic, computed here with numpy."""
+    p = gluon.Parameter("w", shape=(4,), dtype="float16", init=mx.init.One())
+    p.initialize()
+    trainer = gluon.Trainer([p], "sgd", {"learning_rate": 1e-4}, kvstore=None)
+    amp.init_trainer(trainer, init_scale=2.0 ** 8)   # a gradient of 256 is exact in float16
+    assert trainer._optimizer.multi_precision, "init_trainer left multi_precision off"
+    expected = np.float32(1.0)
+    for _ in range(60):
+        with autograd.record():
+            loss = mx.nd.sum(p.data().astype("float32"))
+            with amp.scale_loss(loss, trainer) as scaled:
+                autograd.backward(scaled)
+        trainer.step(1)
+        expected = np.float32(expected - np.float32(1e-4))
+    master = master_of(trainer, 0, p.data())
+    assert master.dtype == np.float32
+    np.testing.assert_allclose(master.asnumpy(), expected, rtol=1e-6)
+    assert np.array_equal(p.data().asnumpy(), np.full(4, np.float16(expected))), \
+        "the float16 weight must be the cast of the master, %s" % p.data().asnumpy()
+    assert p.data().asnumpy()[0] < 1.0, "60 updates of 1e-4 were lost (no float32 master?)"
+
+
+def test_a_float16_trainer_that_already_stepped_is_left_as_it_is(caplog):
+    """MXNet's float16 states made without ``multi_precision`` hold no master; turning it on
+    afterwards would make its update misread them. mxamp leaves the optimizer alone and says
+    how to get masters."""
+    p = gluon.Parameter("w", shape=(4,), dtype="float16", init=mx.init.One())
+    p.initialize()
+    trainer = gluon.Trainer([p], "sgd", {"learning_rate": 0.1}, kvstore=None)
+    with autograd.record():
+        loss = mx.nd.sum(p.data().astype("float32"))
+    loss.backward()
+    trainer.step(1)
+    amp.init_trainer(trainer, init_scale=1.0)
+    assert not trainer._optimizer.multi_precision
+    assert any("multi_precision=True" in r.getMessage() for r in caplog.records), \
+        [r.getMessage() for r in caplog.records]
+    with autograd.record():
+        loss = mx.nd.sum(p.data().astype("float32"))
+        with amp.scale_loss(loss, trainer) as scaled:
+            autograd.backward(scaled)
+    trainer.step(1)
+    assert np.allclose(p.data().asnumpy(), 0.8), p.data().asnumpy()
+
+
 # ----- bfloat16 weights: mxamp's master copies -----
 def bf16_net(seed=3):
     mx.random.seed(seed)
@@ -155,6 +204,29 @@ def test_bfloat16_master_weights_accumulate_small_updates():
     recast = mx.nd.amp_cast(mx.nd.array(master), dtype=dtypes.BFLOAT16)
     assert np.array_equal(weight, as_fp32(recast)), "bf16 weight must equal cast(master)"
     assert weight[0] == 0.98828125, "bf16(0.99); without a master 1 - 1e-3 rounds back to 1.0"
+
+
+def test_a_trainer_made_before_cast_model_gets_float32_masters():
+    """``init_trainer`` first, ``cast_model`` after: the parameters were float32 when the
+    trainer was hooked, so their masters are installed at its first step. Before, MXNet's own
+    update got the bfloat16 weights ("Unknown type enum 12")."""
+    mx.random.seed(3)
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(16, in_units=6, activation="relu"), gluon.nn.Dense(1, in_units=16))
+    net.initialize(mx.init.Xavier())
+    trainer = gluon.Trainer(net.collect_params(), "sgd",
+                            {"learning_rate": 0.05, "momentum": 0.9}, kvstore=None)
+    amp.init_trainer(trainer)
+    amp.cast_model(net, "bfloat16")
+    x, y = bf16_data()
+    losses = [bf16_step(net, trainer, x, y) for _ in range(30)]
+    assert isinstance(trainer._updaters[0], optimizers.MasterWeightUpdater)
+    assert losses[-1] < 0.5 * losses[0], "loss %g -> %g" % (losses[0], losses[-1])
+    for index, param in enumerate(trainer._params):
+        master = optimizers.master_weight(trainer._updaters[0], index)
+        assert master is not None and master.dtype == np.float32, param.name
+        assert np.array_equal(as_fp32(param.data()),
+                              as_fp32(mx.nd.amp_cast(master, dtype=dtypes.BFLOAT16)))
 
 
 def test_bfloat16_skipped_step_leaves_masters_and_states_identical():

@@ -21,7 +21,11 @@ is updated a slice at a time. That needs an optimizer whose update is element by
 (:data:`ELEMENTWISE`); with others (LAMB, LARS, a custom one) the workspace grows to the
 largest parameter.
 
-float16 weights are left to MXNet (pass ``multi_precision=True`` to the optimizer).
+float16 weights get MXNet's own float32 masters: :func:`install_master_weights` turns the
+optimizer's ``multi_precision`` on (its ``mp_*`` update kernels, CUDA ones on a GPU), so that
+O2 holds the same 12 B per parameter with either target. Without it, MXNet would update a
+float16 weight in place, in float16, and keep float16 momentum (it warns: "Accumulating with
+float16 in optimizer can lead to poor accuracy").
 
 The master copy and the optimizer state live in the updater's ``states`` as
 ``(MASTER_TAG, master_fp32, inner_state)``, so ``trainer.save_states`` checkpoints them.
@@ -34,12 +38,16 @@ The master copy and the optimizer state live in the updater's ``states`` as
 >>> install_master_weights(t)
 True
 """
+import logging
+
 from mxnet.optimizer import Updater
 
 from mxamp import dtypes
 from mxamp.runtime.casting import SLICE_ELEMENTS, WORKSPACE, cast, cast_into
 from mxamp.backend.mxnet_private import (TrainerView, restore_update_count,
                                          set_optimizer_device, update_count)
+
+_LOG = logging.getLogger("mxamp")
 
 #: First element of a bfloat16 parameter's updater state (marks mxamp's layout).
 MASTER_TAG = "mxamp-fp32-master"
@@ -199,11 +207,13 @@ def master_weight(updater, index):
 
 
 def install_master_weights(trainer):
-    """Give ``trainer`` float32 master weights for its bfloat16 parameters.
+    """Give ``trainer`` float32 master weights for its low-precision parameters.
 
-    Replaces the trainer's per-context updaters by :class:`MasterWeightUpdater` (keeping any
-    states they hold). Returns True when the trainer has bfloat16 parameters. Called by
-    ``amp.init_trainer``; calling it twice is harmless.
+    bfloat16: replaces the trainer's per-context updaters by :class:`MasterWeightUpdater`
+    (keeping any states they hold). float16: :func:`float16_masters`. Returns True when the
+    trainer has bfloat16 parameters. ``amp.init_trainer`` calls it, and the trainer's first
+    ``amp.scale_loss`` again (``cast_model`` may come after ``init_trainer``); calling it
+    twice is harmless.
 
     >>> import mxnet as mx
     >>> p = mx.gluon.Parameter('w', shape=(2,)); p.initialize()
@@ -211,6 +221,7 @@ def install_master_weights(trainer):
     False
     """
     view = TrainerView(trainer)
+    float16_masters(view)
     if not any(_is_bf16(p) for p in view.params):
         return False
     replaced = []
@@ -221,4 +232,32 @@ def install_master_weights(trainer):
             updater = fresh
         replaced.append(updater)
     view.updaters = replaced
+    return True
+
+
+def float16_masters(view):
+    """Turn the optimizer's ``multi_precision`` on where the trainer (a ``TrainerView``) has
+    float16 parameters and no optimizer state yet; True where it did. States made without it
+    hold no master, and MXNet's multi-precision update would misread them, so a trainer that
+    already stepped is left as it is.
+
+    >>> import mxnet as mx
+    >>> from mxamp.backend.mxnet_private import TrainerView
+    >>> p = mx.gluon.Parameter('w', shape=(2,), dtype='float16'); p.initialize()
+    >>> t = mx.gluon.Trainer([p], 'sgd', kvstore=None)
+    >>> float16_masters(TrainerView(t)), t.optimizer.multi_precision
+    (True, True)
+    """
+    optimizer = view.optimizer
+    if optimizer.multi_precision or \
+            not any(dtypes.name_of(p.dtype) == "float16" for p in view.params):
+        return False
+    if any(updater.states for updater in view.updaters):
+        _LOG.warning("mxamp: this trainer updated its float16 parameters before "
+                     "amp.init_trainer/cast_model, without float32 master weights; pass "
+                     "multi_precision=True to its optimizer to keep them")
+        return False
+    optimizer.multi_precision = True
+    _LOG.info("mxamp: float16 parameters get float32 master weights: the optimizer's "
+              "multi_precision is now True (MXNet's mp_* updates)")
     return True

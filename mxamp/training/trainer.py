@@ -264,6 +264,8 @@ def _before_first_step(trainer, lock):
     with lock:
         if distributed.started(trainer):  # its own once-only flag: no second one kept here
             return
+        # parameters cast (cast_model) after init_trainer get their masters now
+        optimizers.install_master_weights(trainer)
         with mx.autograd.pause():
             distributed.before_first_step(trainer)
 
