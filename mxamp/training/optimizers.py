@@ -235,6 +235,9 @@ def install_master_weights(trainer):
     return True
 
 
+_SAID_ATTR = "_mxamp_float16_without_masters_said"
+
+
 def float16_masters(view):
     """Turn the optimizer's ``multi_precision`` on where the trainer (a ``TrainerView``) has
     float16 parameters and no optimizer state yet; True where it did. States made without it
@@ -253,9 +256,11 @@ def float16_masters(view):
             not any(dtypes.name_of(p.dtype) == "float16" for p in view.params):
         return False
     if any(updater.states for updater in view.updaters):
-        _LOG.warning("mxamp: this trainer updated its float16 parameters before "
-                     "amp.init_trainer/cast_model, without float32 master weights; pass "
-                     "multi_precision=True to its optimizer to keep them")
+        if not getattr(optimizer, _SAID_ATTR, False):   # init_trainer, then the first step
+            setattr(optimizer, _SAID_ATTR, True)
+            _LOG.warning("mxamp: this trainer updated its float16 parameters before "
+                         "amp.init_trainer/cast_model, without float32 master weights; pass "
+                         "multi_precision=True to its optimizer to keep them")
         return False
     optimizer.multi_precision = True
     _LOG.info("mxamp: float16 parameters get float32 master weights: the optimizer's "
