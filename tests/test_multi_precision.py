@@ -102,7 +102,8 @@ def test_float16_weights_get_float32_masters_without_asking():
         expected = np.float32(expected - np.float32(1e-4))
     master = master_of(trainer, 0, p.data())
     assert master.dtype == np.float32
-    np.testing.assert_allclose(master.asnumpy(), expected, rtol=1e-6)
+    # measured on the Zen 4: bit for bit (0.993999 both), as the same float32 subtractions
+    assert np.array_equal(master.asnumpy(), np.full(4, expected)), (master.asnumpy(), expected)
     assert np.array_equal(p.data().asnumpy(), np.full(4, np.float16(expected))), \
         "the float16 weight must be the cast of the master, %s" % p.data().asnumpy()
     assert p.data().asnumpy()[0] < 1.0, "60 updates of 1e-4 were lost (no float32 master?)"
@@ -128,7 +129,8 @@ def test_a_float16_trainer_that_already_stepped_is_left_as_it_is(caplog):
     trainer.step(1)
     said = [r.getMessage() for r in caplog.records if "multi_precision=True" in r.getMessage()]
     assert len(said) == 1, "one warning for the trainer, got %s" % said
-    assert np.allclose(p.data().asnumpy(), 0.8), p.data().asnumpy()
+    # two float16 updates of 0.1 from 1.0 give float16(0.8) = 0.7998 (measured on the Zen 4)
+    assert np.array_equal(p.data().asnumpy(), np.full(4, np.float16(0.8))), p.data().asnumpy()
 
 
 # ----- bfloat16 weights: mxamp's master copies -----

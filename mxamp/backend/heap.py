@@ -129,7 +129,7 @@ PEAK_GROWTH = 0.01
 _LAST_TRIM_PEAK_KB = [0]   # the resident peak at the last trim of trim_after_forward
 
 #: What ``MXAMP_TRIM_HEAP`` asks for: unset, on and off.
-TRIM_POLICIES = ("on peak growth", "every step", "never")
+TRIM_POLICIES = ON_PEAK_GROWTH, EVERY_STEP, NEVER = ("on peak growth", "every step", "never")
 
 
 def trim_policy(environ=None):
@@ -140,8 +140,8 @@ def trim_policy(environ=None):
     ['on peak growth', 'every step', 'never']
     """
     if env.value("MXAMP_TRIM_HEAP", environ) is None:
-        return TRIM_POLICIES[0]
-    return TRIM_POLICIES[1] if env.flag("MXAMP_TRIM_HEAP", environ) else TRIM_POLICIES[2]
+        return ON_PEAK_GROWTH
+    return EVERY_STEP if env.flag("MXAMP_TRIM_HEAP", environ) else NEVER
 
 
 def _peak_kb():
@@ -161,12 +161,12 @@ def trim_after_forward(losses, environ=None):
     """
     trim = _malloc_trim()
     policy = trim_policy(environ)
-    if trim is None or policy == "never":
+    if trim is None or policy == NEVER:
         return False
     if any(loss.context.device_type != "cpu" for loss in losses):
         return False   # a GPU's memory is not the C heap's, and a wait would stall its queue
     peak = _peak_kb()
-    if policy == "on peak growth" and peak <= _LAST_TRIM_PEAK_KB[0] * (1 + PEAK_GROWTH):
+    if policy == ON_PEAK_GROWTH and peak <= _LAST_TRIM_PEAK_KB[0] * (1 + PEAK_GROWTH):
         return False
     for loss in losses:
         loss.wait_to_read()
