@@ -32,9 +32,10 @@ import textwrap
 import threading
 import time
 
-try:
+if __package__:
     from mxamp.errors import AmpArgumentError
-except ImportError:  # run as a file (python mxamp/launch.py): no package, and no MXNet import
+else:  # run as a file (python mxamp/launch.py): its sibling module, found on sys.path[0],
+    # without the package, whose __init__ imports MXNet (2 s that a launcher never needs)
     from errors import AmpArgumentError  # pylint: disable=import-error
 
 __all__ = ["LocalCluster", "free_ports", "main"]

@@ -112,7 +112,6 @@ def _train(args):
             if rank == 0:
                 net.save_parameters(os.path.join(args.save, "net.params"))
                 trainer.save_states(os.path.join(args.save, "trainer.states"))
-            break
     state = distributed.check_scaler_in_sync(trainer)  # a collective through kvstore/Horovod
     _report("SYNCED", rank=rank, scale=state["scale"], skipped=state["skipped_steps"])
     net.save_parameters(os.path.join(args.out, "rank%d.params" % rank))
@@ -297,9 +296,13 @@ def plain_reference(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def default_train_run(tmp_path_factory):
-    """The AMP run on dist_sync with default options: used by two tests, launched once."""
+    """The AMP run on dist_sync with default options: used by two tests, launched once. It
+    saves a checkpoint at step SAVE_AT and goes on, so that the resumed run has the
+    uninterrupted steps to match."""
     out = tmp_path_factory.mktemp("default_train_run")
-    return _launch("train", out), str(out)
+    ckpt = out / "ckpt"
+    ckpt.mkdir()
+    return _launch("train", out, "--save", str(ckpt)), str(out)
 
 
 @pytest.fixture(scope="module")
@@ -359,12 +362,8 @@ def test_the_same_with_update_on_kvstore_requested_and_with_dist_device_sync(
 
 
 def test_resume_from_a_checkpoint_matches_an_uninterrupted_run(tmp_path, default_train_run):
-    first, second, ckpt = (tmp_path / d for d in ("first", "second", "ckpt"))
-    for directory in (first, second, ckpt):
-        directory.mkdir()
-    uninterrupted = default_train_run[0]
-    _launch("train", first, "--save", str(ckpt))
-    resumed = _launch("train", second, "--resume", str(ckpt))
+    uninterrupted, out_dir = default_train_run
+    resumed = _launch("train", tmp_path, "--resume", os.path.join(out_dir, "ckpt"))
     assert [r["scale"] for r in _records(resumed, "RESUMED")] == [EXPECTED_SCALES[SAVE_AT]] * 2, (
         "both workers must resume with the saved scale:\n" + resumed[-2000:])
     before, after = _steps_by_rank(uninterrupted), _steps_by_rank(resumed)
