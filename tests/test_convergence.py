@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from bf16_expect import BF16_KERNELS, LOW_NAME, where
+from side_by_side import map_side_by_side
 
 pytestmark = pytest.mark.cpu_class
 
@@ -33,7 +34,10 @@ def results():
                                    "--device", "cpu", "--no-progress", "--plot", "",
                                    "--model", "lenet"])   # the docstring's model, not the
     # main job's 16x costlier small ResNet
-    runs = {run: train_mnist.run_in_subprocess(run, args) for run in ("fp32", "patch", "o2")}
+    # side by side: this file checks accuracy and numerics, never the speed columns
+    names = ("fp32", "patch", "o2")
+    runs = dict(zip(names, map_side_by_side(lambda run: train_mnist.run_in_subprocess(run, args),
+                                            names)))
     failed = {run: r["failed"] for run, r in runs.items() if "failed" in r}
     assert not failed, f"training subprocesses failed (their stderr is above): {failed}"
     return runs

@@ -16,6 +16,7 @@ import textwrap
 import pytest
 
 from mxamp.backend import cpu
+from side_by_side import map_side_by_side
 
 pytestmark = pytest.mark.cpu_class
 
@@ -126,15 +127,29 @@ PRELUDES = {
 }
 
 
-@pytest.mark.parametrize("amx_on", [True, False], ids=["default", "MXAMP_AMX=0"])
-@pytest.mark.parametrize("order", list(PRELUDES))
-def test_amx_is_on_by_default_and_reported_as_it_is(order, amx_on):
-    """AMX is on unless MXAMP_AMX=0; where it is asked for, ``amx_in_effect`` says whether
-    oneDNN really uses it (its own ISA report is the judge), and a late request warns."""
-    env = {cpu.ENABLE_ENV: "" if amx_on else "0"}
+def _ordered_run(order_and_amx):
+    order, amx_on = order_and_amx
     code = "import warnings\nwarnings.simplefilter('always')\n" + PRELUDES[order] + \
         "import mxamp\n" + BF16_FC_PROBE
-    result, verbose, stderr = _run(code, **env)
+    return _run(code, **{cpu.ENABLE_ENV: "" if amx_on else "0"})
+
+
+@pytest.fixture(scope="module")
+def ordered_runs():
+    """The six children of the test below. Where AMX can be in effect, a child that imported
+    MXNet first times a bfloat16 GEMM to tell, so they run one at a time; elsewhere nothing
+    is timed and they start together."""
+    cases = [(order, amx_on) for order in PRELUDES for amx_on in (True, False)]
+    runner = map if _machine_can_use_amx() else map_side_by_side
+    return dict(zip(cases, runner(_ordered_run, cases)))
+
+
+@pytest.mark.parametrize("amx_on", [True, False], ids=["default", "MXAMP_AMX=0"])
+@pytest.mark.parametrize("order", list(PRELUDES))
+def test_amx_is_on_by_default_and_reported_as_it_is(order, amx_on, ordered_runs):
+    """AMX is on unless MXAMP_AMX=0; where it is asked for, ``amx_in_effect`` says whether
+    oneDNN really uses it (its own ISA report is the judge), and a late request warns."""
+    result, verbose, stderr = ordered_runs[order, amx_on]
     features, isa = result["features"], _isa_line(verbose)
     _assert_bf16_matches_class(result, verbose)
     assert result["env_isa"] == _outer_cap(), (
@@ -203,15 +218,29 @@ def test_users_own_isa_cap_is_respected():
     _assert_bf16_matches_class(result, verbose)
 
 
-@pytest.mark.parametrize("cap", [None, "AVX2", "SSE41", "AVX512_CORE_BF16", "avx2"])
-def test_decided_class_is_what_onednn_does(cap):
+DECIDED_CAPS = [None, "AVX2", "SSE41", "AVX512_CORE_BF16", "avx2"]
+
+
+def _capped_run(cap):
+    env = {"DNNL_MAX_CPU_ISA": cap} if cap else {}
+    return _run("import mxamp\n" + BF16_FC_PROBE, MXAMP_DISABLE_AMX="1", **env)
+
+
+@pytest.fixture(scope="module")
+def capped_runs():
+    """The children of the test below, started together: each reports oneDNN's verbose lines
+    and the class, and times nothing (AMX is off in each)."""
+    return dict(zip(DECIDED_CAPS, map_side_by_side(_capped_run, DECIDED_CAPS)))
+
+
+@pytest.mark.parametrize("cap", DECIDED_CAPS)
+def test_decided_class_is_what_onednn_does(cap, capped_runs):
     """The class mxamp decides matches oneDNN's own ISA report and the fate of a bf16 GEMM.
 
     ``AVX2`` is the cap CI uses to test the 'none' path on an AVX-512 machine: there it must
     make the bf16 FullyConnected fail exactly as on an AVX2 CPU. ``avx2`` (lower case) is not a
     name oneDNN knows: no cap at all."""
-    env = {"DNNL_MAX_CPU_ISA": cap} if cap else {}
-    result, verbose, _ = _run("import mxamp\n" + BF16_FC_PROBE, MXAMP_DISABLE_AMX="1", **env)
+    result, verbose, _ = capped_runs[cap]
     _assert_bf16_matches_class(result, verbose)
     if cap in ("AVX2", "SSE41"):
         assert result["features"]["bf16_class"] == "none", result["features"]

@@ -18,6 +18,7 @@ import pytest
 
 from bf16_expect import (AUTO_BY_CLASS, BF16_KERNELS, CPU_CLASS, HAS_AMX, LOW,
                          NO_KERNELS_WARNING, check_float32_casts, where)
+from side_by_side import map_side_by_side
 from mxamp.precision import device_plan as devices
 from mxamp.precision.device_plan import amx_idle_here, cpu_notice, device_plan, target_for
 from mxamp import amp, dtypes
@@ -385,6 +386,17 @@ def _arrays(script, mode, tmp_path):
         return {k: data[k] for k in data.files}
 
 
+def _fp32_and_runs(script, modes, tmp_path):
+    """float32's arrays and each mode's. The runs that time nothing go side by side; 'auto'
+    runs alone, since its probe times kernels."""
+    untimed = ["fp32"] + [m for m in modes if m != "auto"]
+    arrays = dict(zip(untimed, map_side_by_side(
+        lambda mode: _arrays(script, mode, tmp_path), untimed)))
+    if "auto" in modes:
+        arrays["auto"] = _arrays(script, "auto", tmp_path)
+    return arrays.pop("fp32"), {mode: arrays[mode] for mode in modes}
+
+
 def _assert_identical_where_nothing_is_low(base, runs, what):
     for mode, arrays in runs.items():
         differ = sorted(k for k in base if not np.array_equal(base[k], arrays[k]))
@@ -435,15 +447,13 @@ def _assert_drift_is_rounding(base, arrays, what):
 @pytest.mark.cpu_class
 def test_training_is_bit_identical_to_float32_where_nothing_is_low(tmp_path):
     """A hybridized (static_alloc) Conv-BN-Act(relu, softrelu)-Pool-Dense net, 5 SGD steps."""
-    base = _arrays(TRAIN, "fp32", tmp_path)
-    runs = {mode: _arrays(TRAIN, mode, tmp_path) for mode in MODES}
+    base, runs = _fp32_and_runs(TRAIN, MODES, tmp_path)
     _assert_identical_where_nothing_is_low(base, runs, "5 training steps")
 
 
 @pytest.mark.cpu_class
 def test_gluoncv_ssd_first_step_is_bit_identical_where_nothing_is_low(tmp_path):
     pytest.importorskip("gluoncv", reason="install the gluoncv extra: pip install -e '.[gluoncv]'")
-    base = _arrays(SSD_STEP, "fp32", tmp_path)
+    base, runs = _fp32_and_runs(SSD_STEP, FLOAT32_HERE, tmp_path)
     assert len(base) == 129, "ssd_512_mobilenet1.0_voc has 129 trainable parameters"
-    runs = {mode: _arrays(SSD_STEP, mode, tmp_path) for mode in FLOAT32_HERE}
     _assert_identical_where_nothing_is_low(base, runs, "SSD first-step gradients")

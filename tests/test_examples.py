@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from bf16_expect import AUTO_BY_CLASS, BF16_KERNELS, CPU_CLASS, where
+from side_by_side import map_side_by_side
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE_DIR = os.path.join(ROOT, "example")
@@ -172,9 +173,10 @@ def _yolo(tmp_path, tag, *extra):
 
 @pytest.mark.cpu_class
 def test_gluoncv_yolo3_trains_in_bfloat16_like_float32(gluoncv, tmp_path):
-    proc32, fp32 = _yolo(tmp_path, "fp32")
+    (proc32, fp32), (proc16, bf16) = map_side_by_side(   # losses, not speed: side by side
+        lambda extra: _yolo(tmp_path, *extra),
+        [("fp32",), ("bf16", "--amp", "--target-dtype", "bfloat16")])
     assert proc32.returncode == 0, f"fp32 YOLOv3 failed:\n{proc32.stderr[-3000:]}"
-    proc16, bf16 = _yolo(tmp_path, "bf16", "--amp", "--target-dtype", "bfloat16")
     assert proc16.returncode == 0, f"mxamp bf16 YOLOv3 failed:\n{proc16.stderr[-3000:]}"
     assert "all losses finite" in proc16.stdout, proc16.stdout
     assert bf16["precision"] == "bfloat16 (mxamp)" and len(bf16["history"]) == 2

@@ -18,6 +18,7 @@ import pytest
 import mxnet as mx
 
 from bf16_expect import CPU_CLASS, where
+from side_by_side import map_side_by_side
 from mxamp import amp
 from mxamp.backend.cpu import BF16_CLASSES
 from mxamp.lists import bfloat16 as bf16_data
@@ -459,10 +460,31 @@ def _expected_status(op):
     return "no_kernel" if op in get_op_lists("bfloat16").missing_kernels(CPU_CLASS) else "ok"
 
 
+def _bf16_list_ops():
+    lists = get_op_lists("bfloat16")
+    return sorted({registry()[op][1] for op in lists.low_precision | lists.missing_kernels("none")
+                   if not op.startswith("_sg_")})  # fused ops exist only in partitioned graphs
+
+
+FP16_NO_KERNEL_OPS = ["Convolution", "Deconvolution", "FullyConnected", "RNN", "dot",
+                      "batch_dot", "_npi_matmul", "_contrib_interleaved_matmul_selfatt_qk",
+                      "_npi_einsum"]
+
+
+@pytest.fixture(scope="module")
+def probe_runs():
+    """The probe runs of the three tests below, started together: the probe reports kernels
+    and crashes, never times."""
+    commands = {"crashes": ("--ops", "transpose,Dropout,relu,FullyConnected"),
+                "bf16 lists": ("--ops", ",".join(_bf16_list_ops())),
+                "fp16": ("--dtype", "float16", "--ops", ",".join(FP16_NO_KERNEL_OPS))}
+    return dict(zip(commands, map_side_by_side(lambda args: _probe(*args), commands.values())))
+
+
 @pytest.mark.cpu_class
-def test_probe_reports_crashes_and_missing_kernels():
+def test_probe_reports_crashes_and_missing_kernels(probe_runs):
     """The probe survives a heap-corrupting op and names what fails (the bf16 list's basis)."""
-    run, rows = _probe("--ops", "transpose,Dropout,relu,FullyConnected")
+    run, rows = probe_runs["crashes"]
     assert rows == {"transpose": "crash", "Dropout": "no_kernel", "relu": "ok",
                     "FullyConnected": _expected_status("FullyConnected")}, \
         "probe output %s was:\n%s%s" % (where(), run.stdout, run.stderr[-800:])
@@ -470,22 +492,19 @@ def test_probe_reports_crashes_and_missing_kernels():
 
 
 @pytest.mark.cpu_class
-def test_bf16_kernels_per_cpu_class_match_the_lists():
+def test_bf16_kernels_per_cpu_class_match_the_lists(probe_runs):
     """The low-precision ops and every op the lists say some CPU class lacks a kernel for, run
     on bf16 input: 'no_kernel' exactly where the lists say so for this CPU's class."""
-    lists = get_op_lists("bfloat16")
-    ops = sorted({registry()[op][1] for op in lists.low_precision | lists.missing_kernels("none")
-                  if not op.startswith("_sg_")})  # fused ops exist only in partitioned graphs
-    run, rows = _probe("--ops", ",".join(ops))
+    ops = _bf16_list_ops()
+    run, rows = probe_runs["bf16 lists"]
     assert set(rows) == set(ops), run.stdout + run.stderr[-800:]
     wrong = {op: status for op, status in rows.items() if status != _expected_status(op)}
     assert not wrong, "%s the probe disagrees with the lists: %s" % (where(), wrong)
 
 
-def test_fp16_no_cpu_kernel_matches_the_cpu_build():
-    ops = ["Convolution", "Deconvolution", "FullyConnected", "RNN", "dot", "batch_dot",
-           "_npi_matmul", "_contrib_interleaved_matmul_selfatt_qk", "_npi_einsum"]
-    run, rows = _probe("--dtype", "float16", "--ops", ",".join(ops))
+def test_fp16_no_cpu_kernel_matches_the_cpu_build(probe_runs):
+    run, rows = probe_runs["fp16"]
+    rows = dict(rows)   # the fixture's, shared
     assert rows.pop("_npi_einsum") == "ok", "einsum has an fp16 CPU kernel"
     assert set(rows.values()) == {"no_kernel"}, (
         "NO_CPU_KERNEL ops must really lack an fp16 CPU kernel: %s" % rows)

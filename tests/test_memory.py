@@ -30,6 +30,7 @@ from mxnet.gluon import nn
 
 from mxamp import amp, dtypes
 from mxamp.backend import heap
+from side_by_side import map_side_by_side
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -228,6 +229,7 @@ print(json.dumps({"peak": max(values), "end": values[-1], "batch": x.shape[0],
 
 def step_storage(tmp_path, how, steps_before):
     """What MXNet's storage counter saw during one O2 step after ``steps_before`` steps."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     out = subprocess.run([sys.executable, "-c", STEP_STORAGE, str(tmp_path / "trace.json"),
                           os.path.dirname(os.path.abspath(__file__)), how, str(steps_before)],
                          capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
@@ -261,8 +263,9 @@ def test_o2_under_amp_init_holds_no_copy_of_the_weights(tmp_path):
     float32 made MXNet hold a copy of every bfloat16 weight and of its gradient (measured on
     the Zen 4: 5.05 MB against 3.53 MB, twice this MLP's 0.76 MB of bfloat16 weights; +88 MB
     on a 23 M-parameter one). Both measure 3.5 MB now."""
-    alone = step_storage(tmp_path, "o2 only", steps_before=0)
-    under_init = step_storage(tmp_path, "amp.init", steps_before=0)
+    alone, under_init = map_side_by_side(   # storage counts, not times
+        lambda how: step_storage(tmp_path / how.replace(" ", "_"), how, steps_before=0),
+        ["o2 only", "amp.init"])
     weights = alone["count"] * 2
     assert under_init["peak"] <= alone["peak"] + weights // 4, (
         "the first O2 step under amp.init grew MXNet's storage by %.2f MB, without it by "
@@ -424,11 +427,15 @@ def test_import_mxamp_gives_mxnet_one_cpu_temp_space_unless_told_otherwise():
     two of the three buffers saved. Where the user runs more worker threads, the buffers are
     left to MXNet (``heap.share_cpu_temp_space``'s doctest: a user's own MXNET_CPU_TEMP_COPY is
     kept); that run needs no sorts."""
-    setting, shared = _temp_space_growth("mxamp")
-    _, default = _temp_space_growth("plain")
+    (setting, shared), (_, default), (threaded, _) = map_side_by_side(   # counts, not times
+        lambda run: run(), [lambda: _temp_space_growth("mxamp"),
+                            lambda: _temp_space_growth("plain"),
+                            lambda: _temp_space_growth("mxamp", sorts=0,
+                                                       MXNET_CPU_WORKER_NTHREADS="2")])
     assert setting == "1", "import mxamp set MXNET_CPU_TEMP_COPY=%s" % setting
     assert default - shared >= 2 * 12, "grew %s MB with mxamp, %s MB without" % (shared, default)
-    assert _temp_space_growth("mxamp", sorts=0, MXNET_CPU_WORKER_NTHREADS="2")[0] == "None"
+    assert threaded == "None", "with worker threads set, mxamp set MXNET_CPU_TEMP_COPY=%s" % (
+        threaded)
 
 
 def _resident_mb():

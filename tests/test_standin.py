@@ -19,6 +19,7 @@ import mxamp
 from mxamp import amp
 from mxamp.runtime.state import STATE
 from bf16_expect import AUTO_BY_CLASS, where
+from side_by_side import map_side_by_side
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMES = ("mxnet.contrib.amp", "mxnet.contrib.amp.amp", "mxnet.contrib.amp.lists",
@@ -157,6 +158,7 @@ sys.exit(int(sys.argv[1]))
 
 
 def _run(args, tmp_path):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(SCRIPT))
     env = dict(os.environ, PYTHONPATH=ROOT)
@@ -172,11 +174,11 @@ def test_mxamp_run_installs_runs_the_script_and_passes_its_exit_code(tmp_path):
 
 
 def test_mxamp_run_target_sets_what_the_bare_init_means(tmp_path):
-    proc = _run(lambda s: ["--target", "float16", s, "0"], tmp_path)
+    proc, bad = map_side_by_side(lambda target: _run(lambda s: ["--target", target, s, "0"],
+                                                     tmp_path / target), ["float16", "int8"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "COMPUTE float32 IS_MXAMP True" in proc.stdout, \
         "float16 on a CPU computes in float32: %s" % proc.stdout
-    bad = _run(lambda s: ["--target", "int8", s, "0"], tmp_path)
     assert bad.returncode != 0 and "--target" in bad.stderr, bad.stderr[-500:]
 
 

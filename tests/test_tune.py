@@ -18,6 +18,7 @@ import pytest
 
 from mxamp import amp, dtypes, tuning as tune_mod
 from mxamp.backend import cpu
+from side_by_side import map_side_by_side
 from test_conditions import _graph_casts
 
 
@@ -350,20 +351,30 @@ print("RESULT " + json.dumps([peak() - before, children - before, policy.name]))
 """
 
 
+def _trials_memory(forked):
+    env = dict(os.environ, MXAMP_TUNE_FORK="1" if forked else "0")
+    proc = subprocess.run([sys.executable, "-c", _TRIALS_MEMORY], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][0][7:])
+
+
+@pytest.fixture(scope="module")
+def trials_memory():
+    """Both tuning processes of the test below, started together: it counts memory, and which
+    policy wins (the timing that load could sway) does not change what the trials allocate."""
+    return dict(zip((True, False), map_side_by_side(_trials_memory, (True, False))))
+
+
 @pytest.mark.parametrize("forked", [True, False], ids=["forked", "in_process"])
-def test_trials_leave_their_memory_in_their_own_process(forked):
+def test_trials_leave_their_memory_in_their_own_process(forked, trials_memory):
     """Counted, not timed: a model whose float32 training pass keeps four 32 MB ReLU outputs
     for backward. Trials in a forked copy leave the tuning process's peak where it was; in the
     process (MXAMP_TUNE_FORK=0) the same trials raise it by their activations. Measured on the
     Zen 4 (2026-11-26), tuning process / trials' copy: forked +0.3 / +300 MB (class native,
     bfloat16 candidates timed too), +1.3 / +137 MB (capped to AVX2: float32 alone); in the
     process +290 and +232 MB."""
-    env = dict(os.environ, MXAMP_TUNE_FORK="1" if forked else "0")
-    proc = subprocess.run([sys.executable, "-c", _TRIALS_MEMORY], capture_output=True, text=True,
-                          timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    grew, child_grew, _ = json.loads(
-        [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][0][7:])
+    grew, child_grew, _ = trials_memory[forked]
     if forked:
         assert grew < 30, "the tuning process grew by %.0f MB while trials ran elsewhere" % grew
         assert child_grew > 100, "the trials' copy grew by only %.0f MB" % child_grew
