@@ -75,6 +75,13 @@ def train_o2(optimizer, steps=2, width=256, depth=6, hybridize=True):
     return net, trainer, (x, y), loss_fn
 
 
+def held_by(trainer, param):
+    """A parameter's optimizer state (its float32 master included) and the bytes it holds
+    with its weight and gradient."""
+    state = arrays_in(trainer._updaters[0].states[trainer._param2idx[param.name]])
+    return state, nbytes(param.data()) + nbytes(param.grad()) + sum(nbytes(a) for a in state)
+
+
 def one_step(net, trainer, x, y, loss_fn):
     with autograd.record():
         loss = loss_fn(net(x), y)
@@ -90,14 +97,12 @@ def test_o2_holds_12_bytes_per_parameter_with_momentum(amp_off, optimizer, state
     params = [p for p in net.collect_params().values() if p.grad_req != "null"]
     low = [p for p in params if dtypes.name_of(p.data().dtype) == "bfloat16"]
     assert len(low) == len(params) == 14, "every Dense weight and bias is bfloat16 in O2"
-    updater = trainer._updaters[0]
     held = 0
-    for index, param in enumerate(params):
+    for param in params:
         assert dtypes.name_of(param.grad().dtype) == "bfloat16", param.name
-        held += nbytes(param.data()) + nbytes(param.grad())
-        state = arrays_in(updater.states[trainer._param2idx[param.name]])
+        state, param_bytes = held_by(trainer, param)
         assert all(dtypes.name_of(a.dtype) == "float32" for a in state), param.name
-        held += sum(nbytes(a) for a in state)
+        held += param_bytes
     count = sum(p.data().size for p in params)
     expected = (2 + 2 + 4 + state_bytes) * count
     assert held == expected, (
@@ -138,17 +143,16 @@ def test_o2_holds_12_bytes_per_parameter_for_either_target(amp_off, target):
     amp.init_trainer(trainer)
     for _ in range(2):
         one_step(net, trainer, x, y, mx.gluon.loss.L2Loss())
-    updater = trainer._updaters[0]
     low, held, count = 0, 0, 0
     for param in net.collect_params().values():
-        state = arrays_in(updater.states[trainer._param2idx[param.name]])
+        state, param_bytes = held_by(trainer, param)
         if dtypes.name_of(param.data().dtype) == target:
             low += 1
             assert dtypes.name_of(param.grad().dtype) == target, param.name
             assert [dtypes.name_of(a.dtype) for a in state] == ["float32", "float32"], (
                 "%s: state %s, expected a float32 master and momentum"
                 % (param.name, [dtypes.name_of(a.dtype) for a in state]))
-        held += nbytes(param.data()) + nbytes(param.grad()) + sum(nbytes(a) for a in state)
+        held += param_bytes
         count += param.data().size
     assert low >= 1, "cast_model left no %s parameter" % target
     assert held == 12 * count, "%s O2 holds %d B for %d parameters, not 12 B each" % (
@@ -427,11 +431,10 @@ def test_import_mxamp_gives_mxnet_one_cpu_temp_space_unless_told_otherwise():
     two of the three buffers saved. Where the user runs more worker threads, the buffers are
     left to MXNet (``heap.share_cpu_temp_space``'s doctest: a user's own MXNET_CPU_TEMP_COPY is
     kept); that run needs no sorts."""
+    runs = [dict(who="mxamp"), dict(who="plain"),
+            dict(who="mxamp", sorts=0, MXNET_CPU_WORKER_NTHREADS="2")]
     (setting, shared), (_, default), (threaded, _) = map_side_by_side(   # counts, not times
-        lambda run: run(), [lambda: _temp_space_growth("mxamp"),
-                            lambda: _temp_space_growth("plain"),
-                            lambda: _temp_space_growth("mxamp", sorts=0,
-                                                       MXNET_CPU_WORKER_NTHREADS="2")])
+        lambda kwargs: _temp_space_growth(**kwargs), runs)
     assert setting == "1", "import mxamp set MXNET_CPU_TEMP_COPY=%s" % setting
     assert default - shared >= 2 * 12, "grew %s MB with mxamp, %s MB without" % (shared, default)
     assert threaded == "None", "with worker threads set, mxamp set MXNET_CPU_TEMP_COPY=%s" % (
