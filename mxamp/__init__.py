@@ -27,6 +27,10 @@ _MISSING_MXNET = (
 # not four (mxamp/backend/heap.py). First of all, since the AMX latch below runs an operator.
 from mxamp.backend import heap as _heap  # noqa: E402
 _heap.share_cpu_temp_space()
+# Before MXNet's first oneDNN primitive: where bfloat16 computes in AVX512-BF16, one cached
+# primitive per operator type, so that their scratch does not outlive the operator (heap.py).
+from mxamp.backend.cpu import read_cpu_flags as _read_cpu_flags  # noqa: E402
+_heap.bound_primitive_cache(_read_cpu_flags())
 
 # Before MXNet's first oneDNN primitive (unless MXAMP_AMX=0):
 # lets oneDNN use AMX where the CPU and kernel allow it; see mxamp/backend/cpu.py for the import order.

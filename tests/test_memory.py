@@ -559,3 +559,8 @@ def test_import_mxamp_shares_the_temp_space_before_anything_can_run_an_operator(
     assert "share_cpu_temp_space" in calls and "enable_amx_if_possible" in calls, calls
     assert calls.index("share_cpu_temp_space") < calls.index("enable_amx_if_possible"), (
         "import mxamp runs %s: the temp-space setting must come first" % calls)
+    # MXNet reads MXNET_MKLDNN_CACHE_NUM at each operator type's first oneDNN primitive, and
+    # the latch runs one (tests/test_onednn_scratch.py checks the setting's effect).
+    assert "bound_primitive_cache" in calls, calls
+    assert calls.index("bound_primitive_cache") < calls.index("enable_amx_if_possible"), (
+        "import mxamp runs %s: the primitive cache must be bounded before the AMX latch" % calls)

@@ -10,7 +10,8 @@ and optimizer state before the first step), STATIC=1 (hybridize(static_alloc=Tru
 MALLOC_ARENA_MAX / MALLOC_MMAP_THRESHOLD_ and MXNet's MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD
 work as usual. Measured on the Zen 4 (see README, Memory): after a step, MLP O2 live blocks
 342 MB (294.6 used + 47.1 mapped) against float32's 357; ResNet-50 live peak O2 1280 MB
-against float32's 2232, resident 1425 and 2121 then.
+against float32's 2232, resident 1425 and 2121 then. With MT_SO set, the phases are marked in
+the big-allocation log of onednn-scratch/ (see onednn-scratch-8869271.md).
 """
 import sys, os, resource, ctypes
 ROOT = os.path.abspath(__file__).split('/benchmark/')[0]
@@ -20,9 +21,13 @@ def rss():
     with open('/proc/self/statm') as f: return int(f.read().split()[1]) * 4096 / 2**20
 class M(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
-libc = ctypes.CDLL('libc.so.6'); libc.mallinfo2.restype = M
+libc = ctypes.CDLL('libc.so.6')
+# MT_SO=path/to/big_alloc_logger.so (also in LD_PRELOAD): mark the phases in its log
+MARK = ctypes.CDLL(os.environ['MT_SO']).mt_mark if os.environ.get('MT_SO') else None
+libc.mallinfo2.restype = M
 def show(tag):
     import mxnet as mx; mx.nd.waitall()
+    if MARK: MARK(tag.encode())   # a phase mark in onednn-scratch/big_alloc_logger.c's log
     m = libc.mallinfo2()
     print("%-14s rss %7.1f peak %7.1f  malloc-used %7.1f free-held %7.1f mmapped %7.1f" % (tag, rss(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024, m.uordblks/2**20, m.fordblks/2**20, m.hblkhd/2**20), flush=True)
 import threading
@@ -65,7 +70,7 @@ if os.environ.get('EAGER') and mode == 'o2':   # masters and state before the fi
         up._master_state(i, p.data())
 show('trainer')
 import time
-for i in range(5):
+for i in range(int(os.environ.get('STEPS', 5))):
     t0=time.perf_counter()
     with autograd.record():
         loss = loss_fn(net(data), label)
