@@ -43,9 +43,9 @@ VARIABLES = {
                                   "it and MXNET_CPU_WORKER_NTHREADS are unset, import mxamp "
                                   "sets 1 (see README, Memory)"),
     "MXNET_MKLDNN_CACHE_NUM": (None, "oneDNN primitives MXNet keeps per operator type (MXNet's "
-                                     "default -1, all); where unset on a CPU with AVX512-BF16 "
-                                     "and no AMX asked for, import mxamp sets 0 (see README, "
-                                     "Memory)"),
+                                     "default -1, all); where unset and the class is 'native' "
+                                     "(AVX512-BF16, no AMX asked for), import mxamp sets 0 "
+                                     "(see README, Memory)"),
     "MXNET_CPU_WORKER_NTHREADS": (None, "MXNet's CPU worker threads (default 1); set, mxamp "
                                         "leaves MXNET_CPU_TEMP_COPY alone"),
     "MXNET_UPDATE_ON_KVSTORE": (True, "MXNet's choice of where a dist kvstore updates; "

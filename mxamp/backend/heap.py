@@ -23,7 +23,8 @@
   With ``MXNET_MKLDNN_CACHE_NUM=0`` MXNet keeps one primitive per operator type, and the
   scratch lives while its operator runs: the live peak went from 1280 to 1164 MB and the
   resident peak from 1444-1574 to 1381-1405 MB in 3 of 4 runs, steps as fast. Where the CPU
-  has AVX512-BF16 and no AMX is asked for, mxamp sets it where you did not.
+  has AVX512-BF16 and no AMX is asked for (class ``native``), mxamp sets it where you did
+  not.
 * :func:`release_free_memory`:
 
   MXNet's CPU storage allocates with the C allocator and frees at once, but glibc keeps most
@@ -61,9 +62,12 @@ import ctypes.util
 import gc
 import logging
 import os
+import platform
 import resource
 
 from mxamp.backend import env
+from mxamp.backend.amx import AMX_ISA
+from mxamp.backend.cpu import classify_bf16
 
 _LOG = logging.getLogger("mxamp")
 
@@ -140,38 +144,41 @@ def primitive_cache():
     return _in_force("MXNET_MKLDNN_CACHE_NUM", "every primitive kept")
 
 
-def bound_primitive_cache(flags, environ=None):
-    """Set ``MXNET_MKLDNN_CACHE_NUM=0`` (see the module's docstring) where it is unset, the
-    CPU ``flags`` include ``avx512_bf16`` and no AMX will be asked for (by mxamp's AMX switch,
-    or by the user's ``DNNL_MAX_CPU_ISA=AVX512_CORE_AMX``); returns what it did, in words (''
-    when it left MXNet alone).
+def bound_primitive_cache(flags, environ=None, machine=None):
+    """Set ``MXNET_MKLDNN_CACHE_NUM=0`` (see the module's docstring) where it is unset and this
+    process's bfloat16 class will be ``native`` (AVX512-BF16, no AMX: the CPU ``flags``, the
+    user's ``DNNL_MAX_CPU_ISA`` and ``MXAMP_AMX`` decide, as :func:`~mxamp.backend.cpu.
+    classify_bf16` models them); returns what it did, in words ('' when it left MXNet alone).
 
-    Only there was it measured: on AMX tiles the primitives and their scratch differ, and on
-    CPUs without bfloat16 instructions float32 computes, whose scratch is small (22 MB on
-    ResNet-50). MXNet reads the variable at each operator type's first primitive, so
-    ``import mxamp`` sets it before anything runs one. ``MXNET_MKLDNN_CACHE_NUM=-1`` keeps
-    MXNet's default.
+    Only there was it measured: on AMX tiles the primitives and their scratch differ, emulated
+    bfloat16 is not what an AVX-512 user runs, and float32's scratch is small (22 MB on
+    ResNet-50). MXNet reads the variable at each operator type's first primitive, so ``import
+    mxamp`` sets it before anything runs one. ``MXNET_MKLDNN_CACHE_NUM=-1`` keeps MXNet's
+    default.
 
-    >>> bound_primitive_cache({'avx512_bf16'}, environ={'MXNET_MKLDNN_CACHE_NUM': '-1'})
+    >>> bf16 = {'avx512f', 'avx512bw', 'avx512vl', 'avx512dq', 'avx512_vnni', 'avx512_bf16'}
+    >>> bound_primitive_cache(bf16, environ={'MXNET_MKLDNN_CACHE_NUM': '-1'})
     ''
-    >>> bound_primitive_cache({'avx2'}, environ={})
+    >>> bound_primitive_cache(bf16, environ={'DNNL_MAX_CPU_ISA': 'AVX512_CORE'})   # emulated
     ''
-    >>> bound_primitive_cache({'avx512_bf16', 'amx_bf16'}, environ={})
+    >>> amx = bf16 | {'amx_bf16', 'amx_tile', 'amx_int8'}
+    >>> bound_primitive_cache(amx, environ={})    # mxamp will ask for AMX
     ''
-    >>> e = {'MXAMP_AMX': '0'}; bound_primitive_cache({'avx512_bf16', 'amx_bf16'}, environ=e)
+    >>> e = {'MXAMP_AMX': '0'}; bound_primitive_cache(amx, environ=e)
     "MXNET_MKLDNN_CACHE_NUM=0 (one oneDNN primitive per operator type: a bfloat16 model's scratch lives while its operator runs)"
     >>> e['MXNET_MKLDNN_CACHE_NUM']
     '0'
     """
     environ = os.environ if environ is None else environ
+    if env.value("MXNET_MKLDNN_CACHE_NUM", environ) is not None:
+        return ""
     cap = env.value("DNNL_MAX_CPU_ISA", environ) or env.value("MKLDNN_MAX_CPU_ISA", environ)
-    if cap:   # the user's cap decides (mxamp's AMX switch leaves it alone)
-        amx_asked = "amx_bf16" in flags and cap.strip().upper() == "AVX512_CORE_AMX"
-    else:
-        amx_asked = "amx_bf16" in flags and env.flag("MXAMP_AMX", environ) and \
-            not env.flag("MXAMP_DISABLE_AMX", environ)
-    if env.value("MXNET_MKLDNN_CACHE_NUM", environ) is not None or \
-            "avx512_bf16" not in flags or amx_asked:
+    if cap is None and "amx_bf16" in flags and env.flag("MXAMP_AMX", environ) and \
+            not env.flag("MXAMP_DISABLE_AMX", environ):
+        cap = AMX_ISA   # what enable_amx_if_possible will hand oneDNN
+    bf16_class, _ = classify_bf16(flags, cap, onednn=env.flag("MXNET_MKLDNN_ENABLED", environ),
+                                  machine=machine or platform.machine())
+    if bf16_class != "native":
         return ""
     return _set_for_mxnet("MXNET_MKLDNN_CACHE_NUM", PRIMITIVE_CACHE_SIZE, "one oneDNN primitive "
                           "per operator type: a bfloat16 model's scratch lives while its "
