@@ -27,6 +27,8 @@ _MISSING_MXNET = (
 # not four (mxamp/backend/heap.py). First of all, since the AMX latch below runs an operator.
 from mxamp.backend import heap as _heap  # noqa: E402
 _heap.share_cpu_temp_space()
+# One glibc malloc arena, before MXNet's threads first allocate (heap.py).
+_heap.share_one_c_heap()
 # Before MXNet's first oneDNN primitive: where bfloat16 computes in AVX512-BF16, one cached
 # primitive per operator type, so that their scratch does not outlive the operator (heap.py).
 from mxamp.backend.cpu import read_cpu_flags as _read_cpu_flags  # noqa: E402

@@ -514,7 +514,7 @@ def test_scale_loss_trims_on_the_cpu_as_mxamp_trim_heap_says(monkeypatch, amp_of
     step with MXAMP_TRIM_HEAP=1, never with 0, and unset only where the process's peak is
     above the last trim's by more than 1% (here set by hand to 0 and to far above it)."""
     calls = []
-    monkeypatch.setattr(heap, "_TRIM", [lambda pad: calls.append(pad) or 1])
+    monkeypatch.setitem(heap._LIBC, "malloc_trim", lambda pad: calls.append(pad) or 1)
     monkeypatch.setattr(heap, "_LAST_TRIM_PEAK_KB", [0])
     net = nn.Dense(4)
     net.initialize()
@@ -561,6 +561,9 @@ def test_import_mxamp_shares_the_temp_space_before_anything_can_run_an_operator(
         "import mxamp runs %s: the temp-space setting must come first" % calls)
     # MXNet reads MXNET_MKLDNN_CACHE_NUM at each operator type's first oneDNN primitive, and
     # the latch runs one (tests/test_onednn_scratch.py checks the setting's effect).
+    assert "share_one_c_heap" in calls, calls   # before MXNet's threads first allocate
+    assert calls.index("share_one_c_heap") < calls.index("enable_amx_if_possible"), (
+        "import mxamp runs %s: glibc's arena limit must come before the AMX latch" % calls)
     assert "bound_primitive_cache" in calls, calls
     assert calls.index("bound_primitive_cache") < calls.index("enable_amx_if_possible"), (
         "import mxamp runs %s: the primitive cache must be bounded before the AMX latch" % calls)

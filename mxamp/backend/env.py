@@ -50,6 +50,8 @@ VARIABLES = {
                                         "leaves MXNET_CPU_TEMP_COPY alone"),
     "MXNET_UPDATE_ON_KVSTORE": (True, "MXNet's choice of where a dist kvstore updates; "
                                       "mxamp's overflow agreement follows it"),
+    "MALLOC_ARENA_MAX": (None, "glibc's malloc arenas (default up to 8 per core); where unset, "
+                               "import mxamp asks glibc for one (see README, Memory)"),
     "XDG_CACHE_HOME": (None, "where the probe's cache lives (default ~/.cache): "
                              "$XDG_CACHE_HOME/mxamp/probe.json"),
     "OMP_NUM_THREADS": (None, "threads per process; part of the probe's cache key"),
