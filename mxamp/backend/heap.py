@@ -81,15 +81,16 @@ _LOG = logging.getLogger("mxamp")
 
 #: How many CPU temp-space buffers mxamp asks MXNet for, where the user set neither variable.
 CPU_TEMP_COPIES = 1
-#: MXNet variable -> (value, in words) that ``import mxamp`` set in this process (for the doctor)
+#: variable -> (value, in words) that ``import mxamp`` set in this process (for the doctor)
 _SET_BY_MXAMP = {}
 
 
 def _in_force(name, default):
-    """The MXNet setting ``name`` in this process, in words, and who chose it."""
+    """The setting ``name`` in this process, in words, and who chose it (``default``: what
+    an unset variable means)."""
     chosen = env.value(name)
     if chosen is None:
-        return "%s unset: MXNet's default, %s" % (name, default)
+        return "%s unset: %s" % (name, default)
     if _SET_BY_MXAMP.get(name, (None,))[0] == chosen:
         return "set by import mxamp: " + _SET_BY_MXAMP[name][1]
     return "%s=%s, yours" % (name, chosen)
@@ -112,7 +113,7 @@ def cpu_temp_space():
     >>> 'MXNET_CPU_TEMP_COPY' in cpu_temp_space()
     True
     """
-    return _in_force("MXNET_CPU_TEMP_COPY", "4 buffers")
+    return _in_force("MXNET_CPU_TEMP_COPY", "MXNet's default, 4 buffers")
 
 
 def share_cpu_temp_space(environ=None):
@@ -150,7 +151,7 @@ def primitive_cache():
     >>> 'MXNET_MKLDNN_CACHE_NUM' in primitive_cache()
     True
     """
-    return _in_force("MXNET_MKLDNN_CACHE_NUM", "every primitive kept")
+    return _in_force("MXNET_MKLDNN_CACHE_NUM", "MXNet's default, every primitive kept")
 
 
 def bound_primitive_cache(flags, environ=None, machine=None):
