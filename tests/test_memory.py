@@ -30,6 +30,7 @@ from mxnet.gluon import nn
 
 from mxamp import amp, dtypes
 from mxamp.backend import heap
+from live_heap import LIVE_HEAP_SOURCE
 from side_by_side import map_side_by_side
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -380,27 +381,11 @@ def test_each_thread_casts_into_its_own_workspace(amp_off):
     assert WORKSPACE.reserve(mx.cpu(), 8) is held["main"], "one buffer per thread, reused"
 
 
-_TEMP_SPACE_RUN = """
-import ctypes, os, sys
+_TEMP_SPACE_RUN = LIVE_HEAP_SOURCE + """
+import os, sys
 if sys.argv[1] == 'mxamp':
     import mxamp  # noqa: F401
 import mxnet as mx
-
-FIELDS = 'arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost'.split()
-libc = ctypes.CDLL('libc.so.6')
-# glibc >= 2.33 has mallinfo2 (size_t fields); older ones only mallinfo (int fields, enough here)
-if hasattr(libc, 'mallinfo2'):
-    mallinfo, width = libc.mallinfo2, ctypes.c_size_t
-else:
-    mallinfo, width = libc.mallinfo, ctypes.c_int
-mallinfo.restype = type('MallInfo', (ctypes.Structure,), {'_fields_': [(n, width) for n in FIELDS]})
-
-def live_heap_mb():
-    # Bytes the C heap has handed out and not had back (glibc's mallinfo): a count, unlike the
-    # resident size the kernel reports. Read from /proc/self/statm, that grew 160 MB with one
-    # buffer and with four alike in the gVisor sandbox of an AMX Xeon (2026-11-27).
-    info = mallinfo()
-    return (info.uordblks + info.hblkhd) / 2 ** 20
 
 x = mx.nd.random.uniform(shape=(1024 * 1024,))   # 4 MB
 mx.nd.waitall()

@@ -12,29 +12,23 @@ import sys
 import pytest
 
 from bf16_expect import _flags, expected_class
+from live_heap import LIVE_HEAP_SOURCE
 from side_by_side import map_side_by_side
 
-_SCRATCH_RUN = """
-import ctypes, os, sys, time
+_SCRATCH_RUN = LIVE_HEAP_SOURCE + """
+import os, sys, time
 import mxamp  # noqa: F401  (sets MXNET_MKLDNN_CACHE_NUM where it should)
 import mxnet as mx
 import numpy as np
 from mxnet import autograd
 
-FIELDS = 'arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost'.split()
-libc = ctypes.CDLL('libc.so.6')
-mallinfo = libc.mallinfo2
-mallinfo.restype = type('MallInfo', (ctypes.Structure,),
-                        {'_fields_': [(n, ctypes.c_size_t) for n in FIELDS]})
-
-def live_heap_mb():
+def settled_live_heap_mb():
     # MXNet's engine releases a finished segment's arrays just after waitall returns, at
     # times: read until two reads 50 ms apart agree (seen: 7.3 MB released late).
     mx.nd.waitall()
     last = None
     for _ in range(40):
-        info = mallinfo()
-        now = (info.uordblks + info.hblkhd) / 2 ** 20
+        now = live_heap_mb()
         if now == last:
             return now
         last = now
@@ -66,7 +60,7 @@ except mx.MXNetError:
     print(os.environ.get('MXNET_MKLDNN_CACHE_NUM'), 'no-bf16-convolution')
     sys.exit(0)
 step()
-print(os.environ.get('MXNET_MKLDNN_CACHE_NUM'), round(live_heap_mb(), 1))
+print(os.environ.get('MXNET_MKLDNN_CACHE_NUM'), round(settled_live_heap_mb(), 1))
 """
 
 #: float32 bytes of the three weight gradients: 4 B x 3x3 x (256*384 + 384*512 + 512*640).

@@ -248,11 +248,32 @@ request_amx_permission = request_permission
 _latch_onednn_isa = latch_onednn_isa
 
 
-def _user_isa():
+def _user_isa(environ=None):
     for name in ISA_ENV_NAMES:
-        if env.value(name):
-            return name, env.value(name)
+        if env.value(name, environ):
+            return name, env.value(name, environ)
     return None, None
+
+
+def onednn_isa_cap(flags, environ=None):
+    """The ISA cap oneDNN will read in a process with these CPU ``flags`` once ``import mxamp``
+    has run: the user's ``DNNL_MAX_CPU_ISA`` (or its older spelling), else :data:`AMX_ISA`
+    where :func:`enable_amx_if_possible` will ask for AMX, else None. Reads the environment
+    only.
+
+    >>> onednn_isa_cap({'amx_bf16'}, environ={})
+    'AVX512_CORE_AMX'
+    >>> onednn_isa_cap({'amx_bf16'}, environ={'MXAMP_AMX': '0'}) is None
+    True
+    >>> onednn_isa_cap({'amx_bf16'}, environ={'DNNL_MAX_CPU_ISA': 'AVX2'})
+    'AVX2'
+    """
+    _, user_value = _user_isa(environ)
+    if user_value is not None:
+        return user_value
+    asked = "amx_bf16" in flags and env.flag(ENABLE_ENV, environ) and \
+        not env.flag(DISABLE_ENV, environ)
+    return AMX_ISA if asked else None
 
 
 def enable_amx_if_possible():

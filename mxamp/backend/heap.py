@@ -74,8 +74,7 @@ import platform
 import resource
 
 from mxamp.backend import env
-from mxamp.backend.amx import AMX_ISA
-from mxamp.backend.cpu import classify_bf16
+from mxamp.backend.cpu import classify_bf16, onednn_isa_cap
 
 _LOG = logging.getLogger("mxamp")
 
@@ -156,9 +155,9 @@ def primitive_cache():
 
 def bound_primitive_cache(flags, environ=None, machine=None):
     """Set ``MXNET_MKLDNN_CACHE_NUM=0`` (see the module's docstring) where it is unset and this
-    process's bfloat16 class will be ``native`` (AVX512-BF16, no AMX: the CPU ``flags``, the
-    user's ``DNNL_MAX_CPU_ISA`` and ``MXAMP_AMX`` decide, as :func:`~mxamp.backend.cpu.
-    classify_bf16` models them); returns what it did, in words ('' when it left MXNet alone).
+    process's bfloat16 class will be ``native`` (AVX512-BF16, no AMX: the CPU ``flags`` and
+    the ISA cap oneDNN will read decide, as :func:`~mxamp.backend.cpu.classify_bf16` and
+    :func:`~mxamp.backend.cpu.onednn_isa_cap` model them); returns what it did, in words ('' when it left MXNet alone).
 
     Only there was it measured: on AMX tiles the primitives and their scratch differ, emulated
     bfloat16 is not what an AVX-512 user runs, and float32's scratch is small (22 MB on
@@ -182,11 +181,8 @@ def bound_primitive_cache(flags, environ=None, machine=None):
     environ = os.environ if environ is None else environ
     if env.value("MXNET_MKLDNN_CACHE_NUM", environ) is not None:
         return ""
-    cap = env.value("DNNL_MAX_CPU_ISA", environ) or env.value("MKLDNN_MAX_CPU_ISA", environ)
-    if cap is None and "amx_bf16" in flags and env.flag("MXAMP_AMX", environ) and \
-            not env.flag("MXAMP_DISABLE_AMX", environ):
-        cap = AMX_ISA   # what enable_amx_if_possible will hand oneDNN
-    bf16_class, _ = classify_bf16(flags, cap, onednn=env.flag("MXNET_MKLDNN_ENABLED", environ),
+    bf16_class, _ = classify_bf16(flags, onednn_isa_cap(flags, environ),
+                                  onednn=env.flag("MXNET_MKLDNN_ENABLED", environ),
                                   machine=machine or platform.machine())
     if bf16_class != "native":
         return ""
