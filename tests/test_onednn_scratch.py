@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from bf16_expect import _flags, expected_class
+from bf16_expect import _AMX, _BF16, _CORE, _flags, expected_class
 from live_heap import LIVE_HEAP_SOURCE
 from side_by_side import map_side_by_side
 
@@ -92,6 +92,29 @@ def test_import_mxamp_bounds_the_primitive_cache_only_where_the_rule_says_and_ke
     assert chosen == expected, "import mxamp left MXNET_MKLDNN_CACHE_NUM=%s, the rule says %s" % (
         chosen, expected)
     assert kept == "-1", "import mxamp replaced the user's MXNET_MKLDNN_CACHE_NUM=-1 by %s" % kept
+
+
+#: Documented flag sets of the four classes (``bf16_expect``), not this machine's.
+_CPUS = {"avx2": {"avx2", "fma"}, "avx512": set(_CORE), "avx512_bf16": set(_BF16),
+         "amx": set(_BF16) | set(_AMX)}
+_ENVIRONS = [{}, {"MXAMP_AMX": "0"}, {"DNNL_MAX_CPU_ISA": "AVX512_CORE"},
+             {"DNNL_MAX_CPU_ISA": "AVX2"}, {"MKLDNN_MAX_CPU_ISA": "AVX2"},
+             {"DNNL_MAX_CPU_ISA": "AVX512_CORE_AMX"}, {"MXNET_MKLDNN_ENABLED": "0"}]
+
+
+@pytest.mark.parametrize("environ", _ENVIRONS,
+                         ids=lambda e: ",".join(map("=".join, e.items())) or "unset")
+@pytest.mark.parametrize("cpu", sorted(_CPUS))
+def test_the_cache_rule_follows_the_documented_table(cpu, environ):
+    """Decisions only, for documented CPUs and settings (no MXNet run): mxamp bounds the
+    cache exactly where ``bf16_expect``'s table says 'native'. oneDNN 2.4 ignores the older
+    ``MKLDNN_MAX_CPU_ISA`` spelling, so an AVX512-BF16 CPU stays native under it."""
+    from mxamp.backend import heap
+    given = dict(environ)
+    said = heap.bound_primitive_cache(_CPUS[cpu], environ=given, machine="x86_64")
+    expected = "0" if expected_class(_CPUS[cpu], environ) == "native" else None
+    assert given.get("MXNET_MKLDNN_CACHE_NUM") == expected, (cpu, environ, said)
+    assert bool(said) == (expected is not None), said
 
 
 @pytest.mark.cpu_class

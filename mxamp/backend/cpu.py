@@ -257,9 +257,11 @@ def _user_isa(environ=None):
 
 def onednn_isa_cap(flags, environ=None):
     """The ISA cap oneDNN will read in a process with these CPU ``flags`` once ``import mxamp``
-    has run: the user's ``DNNL_MAX_CPU_ISA`` (or its older spelling), else :data:`AMX_ISA`
-    where :func:`enable_amx_if_possible` will ask for AMX, else None. Reads the environment
-    only.
+    has run: the user's ``DNNL_MAX_CPU_ISA``, else :data:`AMX_ISA` where
+    :func:`enable_amx_if_possible` will ask for AMX, else None. Reads the environment only.
+
+    The older ``MKLDNN_MAX_CPU_ISA`` caps nothing (oneDNN 2.4 ignores it), but it still tells
+    mxamp that the user manages the ISA, so mxamp asks for no AMX either.
 
     >>> onednn_isa_cap({'amx_bf16'}, environ={})
     'AVX512_CORE_AMX'
@@ -267,10 +269,12 @@ def onednn_isa_cap(flags, environ=None):
     True
     >>> onednn_isa_cap({'amx_bf16'}, environ={'DNNL_MAX_CPU_ISA': 'AVX2'})
     'AVX2'
+    >>> onednn_isa_cap({'amx_bf16'}, environ={'MKLDNN_MAX_CPU_ISA': 'AVX2'}) is None
+    True
     """
-    _, user_value = _user_isa(environ)
-    if user_value is not None:
-        return user_value
+    user_var, _ = _user_isa(environ)
+    if user_var is not None:
+        return env.value(ISA_ENV_NAMES[0], environ)
     asked = "amx_bf16" in flags and env.flag(ENABLE_ENV, environ) and \
         not env.flag(DISABLE_ENV, environ)
     return AMX_ISA if asked else None

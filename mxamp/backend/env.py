@@ -50,6 +50,17 @@ VARIABLES = {
                                         "leaves MXNET_CPU_TEMP_COPY alone"),
     "MXNET_UPDATE_ON_KVSTORE": (True, "MXNet's choice of where a dist kvstore updates; "
                                       "mxamp's overflow agreement follows it"),
+    "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD": (None, "operators per segment of MXNet's bulked "
+                                                      "backward pass (default 15); where it, "
+                                                      "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN and "
+                                                      "MXNET_EXEC_BULK_EXEC_TRAIN are unset and "
+                                                      "no NVIDIA GPU is present, import mxamp "
+                                                      "sets 1 (see README, Memory)"),
+    "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN": (None, "MXNet's segment size for both passes of "
+                                                  "training (default 15); set, mxamp leaves "
+                                                  "the backward segments alone"),
+    "MXNET_EXEC_BULK_EXEC_TRAIN": (None, "MXNet's bulked execution in training (default on); "
+                                         "set, mxamp leaves the backward segments alone"),
     "MALLOC_ARENA_MAX": (None, "glibc's malloc arenas (default up to 8 per core); where unset, "
                                "import mxamp asks glibc for one (see README, Memory)"),
     "XDG_CACHE_HOME": (None, "where the probe's cache lives (default ~/.cache): "

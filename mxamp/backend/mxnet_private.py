@@ -313,6 +313,7 @@ class BlockView(_View):
     own_params = _Attribute("_reg_params")
     cached_graph = _Attribute("_cached_graph")
     cached_op = _Attribute("_cached_op")
+    flags = _Attribute("_flags")   # hybridize()'s options, passed to the graph it builds
 
     def clear_cached_op(self):
         """Drop the cached graph: the next call builds it again."""

@@ -5,8 +5,10 @@
 * :func:`hook_record_scopes`: the per-``record()`` cast cache opens and closes with autograd's
   recording scopes;
 * :func:`hook_block_graphs`: a hybridized block rebuilds a graph built under another AMP
-  generation, its input shapes are known while its graph is built, and a graph with
-  depthwise convolutions gets the plan's treatment (:mod:`mxamp.runtime.depthwise_graphs`);
+  generation, its input shapes are known while its graph is built, a graph with
+  depthwise convolutions gets the plan's treatment (:mod:`mxamp.runtime.depthwise_graphs`),
+  and a graph for the CPU frees backward's arrays promptly
+  (:func:`mxamp.backend.heap.backward_segment_flags`);
 * :func:`hook_imperative_depthwise`: the same treatment for a block that runs without
   ``hybridize()`` (installed only where the plan has one).
 
@@ -29,6 +31,7 @@ from mxnet.gluon import Block, HybridBlock
 from mxnet.gluon.nn import BatchNorm
 
 from mxamp import dtypes
+from mxamp.backend import heap
 from mxamp.backend import mxnet_private as mxp
 from mxamp.runtime.casting import array_dtype, cast
 from mxamp.runtime.depthwise_graphs import (FLOAT32_GRAPH, STEER_BATCHNORM, TREATMENT_ATTR,
@@ -162,7 +165,8 @@ def hook_block_graphs(depthwise_treatment=""):
             try:
                 _weights_to_default_layout(block)
                 build_depthwise_graph(block, args, _depthwise_treatment(block, args))
-                return original(block, *args)
+                with _backward_segments(block, args):
+                    return original(block, *args)
             finally:
                 local.graph_input_shapes = outer
         return original(block, *args)
@@ -182,11 +186,30 @@ def _weights_to_default_layout(block):
                 mxp.to_default_layout(array)
 
 
+def _called_on_cpu(args):
+    first = next((a for a in args if isinstance(a, mx.nd.NDArray)), None)
+    return first is not None and first.context.device_type == "cpu"
+
+
+@contextlib.contextmanager
+def _backward_segments(block, args):
+    """While a graph AMP builds for the CPU is made: the block's flags carry mxamp's backward
+    segment size where the user chose none (``heap.backward_segment_flags``: on the CPU the
+    segments hold freed arrays and buy no speed). The block's own flags are back after."""
+    view = mxp.BlockView(block)
+    kept = view.flags
+    if _called_on_cpu(args):
+        view.flags = heap.backward_segment_flags(kept)
+    try:
+        yield
+    finally:
+        view.flags = kept
+
+
 def _depthwise_treatment(block, args):
     """The treatment of graphs with depthwise convolutions for a block called on the CPU: the one
     ``cast_model`` left on it, else the plan in force's."""
-    first = next((a for a in args if isinstance(a, mx.nd.NDArray)), None)
-    if first is None or first.context.device_type != "cpu":
+    if not _called_on_cpu(args):
         return ""
     if TREATMENT_ATTR in block.__dict__:
         return block.__dict__[TREATMENT_ATTR]
