@@ -29,9 +29,6 @@ from mxamp.backend import heap as _heap  # noqa: E402
 _heap.share_cpu_temp_space()
 # One glibc malloc arena, before MXNet's threads first allocate (heap.py).
 _heap.share_one_c_heap()
-# Before MXNet's first operator: backward frees each array when its last reader has run, where
-# the machine has no NVIDIA GPU (heap.py).
-_heap.free_backward_arrays_promptly()
 # Before MXNet's first oneDNN primitive: where bfloat16 computes in AVX512-BF16, one cached
 # primitive per operator type, so that their scratch does not outlive the operator (heap.py).
 from mxamp.backend.cpu import read_cpu_flags as _read_cpu_flags  # noqa: E402

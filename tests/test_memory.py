@@ -552,8 +552,3 @@ def test_import_mxamp_shares_the_temp_space_before_anything_can_run_an_operator(
     assert "bound_primitive_cache" in calls, calls
     assert calls.index("bound_primitive_cache") < calls.index("enable_amx_if_possible"), (
         "import mxamp runs %s: the primitive cache must be bounded before the AMX latch" % calls)
-    # MXNet's autograd reads its backward segment size at the process's first operator
-    # (tests/test_backward_segments.py checks the effect).
-    assert "free_backward_arrays_promptly" in calls, calls
-    assert calls.index("free_backward_arrays_promptly") < calls.index("enable_amx_if_possible"), (
-        "import mxamp runs %s: the backward segments must be set before the AMX latch" % calls)

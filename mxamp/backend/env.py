@@ -53,9 +53,10 @@ VARIABLES = {
     "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD": (None, "operators per segment of MXNet's bulked "
                                                       "backward pass (default 15); where it, "
                                                       "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN and "
-                                                      "MXNET_EXEC_BULK_EXEC_TRAIN are unset and "
-                                                      "no NVIDIA GPU is present, import mxamp "
-                                                      "sets 1 (see README, Memory)"),
+                                                      "MXNET_EXEC_BULK_EXEC_TRAIN are unset, "
+                                                      "graphs without convolutions that AMP "
+                                                      "builds for the CPU get 1 (see README, "
+                                                      "Memory)"),
     "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN": (None, "MXNet's segment size for both passes of "
                                                   "training (default 15); set, mxamp leaves "
                                                   "the backward segments alone"),

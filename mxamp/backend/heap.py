@@ -33,21 +33,21 @@
   the resident peak landed at 1365-1389 MB in 8 processes of 12 and at 1441, 1445, 1513 and
   1747 MB in the other 4, the jump at a different step each time; with one arena, 12 of 12
   landed at 1365-1382 MB (``benchmark/results/native-amd-epyc-zen4/c-heap-arenas-df21800.md``).
-* :func:`free_backward_arrays_promptly` (at ``import mxamp``) and :func:`backward_segment_flags`
-  (the graphs AMP builds on the CPU): MXNet runs a training backward pass in bulked segments
-  of up to 15 operators (``MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD``), and an array the pass
-  no longer needs is freed only when its segment ends. Under AMP each layer's low-precision
-  weight gradient waits there for the cast that writes it into the float32 gradient, so
-  several coexist: a bfloat16 MLP's backward pass grew MXNet's storage by 44 MB with 15
-  operators per segment and by 22 MB with one, 52 against 10 MB without ``hybridize()``. On
-  the CPU, where MXNet runs operators one after another on one worker thread, the segments
-  buy no measurable speed: a hybridized chain of 100 small Dense layers took 3.40 against
-  3.47 ms a step (about 0.5 us per operator). Resident peaks on the Zen 4, ``amp.init``,
-  alternating processes: ResNet-50 1449-1459 MB against 1414-1419, the Transformer block
-  595-608 against 566-578, the MLP 664-675 against 651-658 (``benchmark/results/
-  native-amd-epyc-zen4/backward-segments-de53e48.md``). A GPU stream, by contrast, waits
-  for each segment, so mxamp leaves the segments alone where the machine has an NVIDIA GPU
-  and for graphs whose inputs are not on the CPU.
+* :func:`backward_segment_flags` (the graphs without convolutions that AMP builds for the CPU):
+  MXNet runs a training backward pass in bulked segments of up to 15 operators
+  (``MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD``), and an array the pass no longer needs is
+  freed only when its segment ends. Under AMP each layer's low-precision weight gradient
+  waits there for the cast that writes it into the float32 gradient, so several coexist: a
+  bfloat16 MLP's backward pass grew MXNet's storage by 44 MB with 15 operators per segment
+  and by 22 MB with one. Resident peaks on the Zen 4, ``amp.init``, alternating processes,
+  15 against 1: the MLP 664-675 MB against 647-658 (float32 plus the bfloat16 weight copies:
+  650-657), the Transformer block 586-608 against 564-578 (O2 590-604 against 552-555),
+  steps alike; a chain of 100 small Dense layers took 3.40 against 3.47 ms a step. ResNet-50
+  gained 40 MB (3%) and lost 2-8% of its speed (O2 2455-2501 ms a step against 2628-2705),
+  so graphs with convolutions keep MXNet's segments
+  (``benchmark/results/native-amd-epyc-zen4/backward-segments-de53e48.md``). A GPU waits for
+  its stream at the end of each segment, so graphs whose inputs are not on the CPU keep them
+  too.
 * :func:`release_free_memory`:
 
   MXNet's CPU storage allocates with the C allocator and frees at once, but glibc keeps most
@@ -83,7 +83,6 @@ True
 import ctypes
 import ctypes.util
 import gc
-import glob
 import logging
 import os
 import platform
@@ -270,49 +269,20 @@ BULK_VARIABLES = (_BACKWARD_BULK, "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN",
                   "MXNET_EXEC_BULK_EXEC_TRAIN")
 
 
-def backward_segments():
-    """MXNet's backward segment size in this process, in words, and who chose it.
+def backward_segments(environ=None):
+    """MXNet's backward segments in this process, in words, and who chose them.
 
-    >>> 'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD' in backward_segments()
-    True
-    """
-    return _in_force(_BACKWARD_BULK, "MXNet's default, 15 operators per segment")
-
-
-def _chosen_by_user(name, environ):
-    value = env.value(name, environ)
-    set_by_mxamp = environ is os.environ and _SET_BY_MXAMP.get(name, (None,))[0] == value
-    return value is not None and not set_by_mxamp
-
-
-def _nvidia_gpu_present():
-    return bool(glob.glob("/dev/nvidia[0-9]*"))
-
-
-def free_backward_arrays_promptly(environ=None, gpu_present=None):
-    """Set ``MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD=1`` where none of :data:`BULK_VARIABLES`
-    is set and the machine has no NVIDIA GPU (see the module's docstring); returns what it
-    did, in words ('' when it left MXNet alone).
-
-    MXNet's autograd reads the variable at the process's first operator, and hybridized
-    blocks when MXNet's library loads, so ``import mxamp`` sets it before running any
-    operator; where MXNet was imported first, :func:`backward_segment_flags` gives the graphs
-    AMP builds on the CPU the same size. Set any of the variables yourself to keep your own.
-
-    >>> free_backward_arrays_promptly(environ={'MXNET_EXEC_BULK_EXEC_TRAIN': '0'},
-    ...                               gpu_present=False)
-    ''
-    >>> free_backward_arrays_promptly(environ={}, gpu_present=True)
-    ''
-    >>> e = {}; said = free_backward_arrays_promptly(environ=e, gpu_present=False); e
-    {'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD': '1'}
+    >>> backward_segments(environ={})
+    "MXNet's default, 15 operators; 1 in the graphs without convolutions that AMP builds for the CPU"
+    >>> backward_segments(environ={'MXNET_EXEC_BULK_EXEC_TRAIN': '0'})
+    'MXNET_EXEC_BULK_EXEC_TRAIN=0, yours'
     """
     environ = os.environ if environ is None else environ
-    gpu_present = _nvidia_gpu_present() if gpu_present is None else gpu_present
-    if gpu_present or any(env.value(name, environ) is not None for name in BULK_VARIABLES):
-        return ""
-    return _set_variable(_BACKWARD_BULK, BACKWARD_SEGMENT_OPS, "backward frees each array "
-                         "when its last reader has run", environ)
+    for name in BULK_VARIABLES:
+        if env.value(name, environ) is not None:
+            return "%s=%s, yours" % (name, env.value(name, environ))
+    return ("MXNet's default, 15 operators; %d in the graphs without convolutions that AMP "
+            "builds for the CPU" % BACKWARD_SEGMENT_OPS)
 
 
 def backward_segment_flags(flags, environ=None):
@@ -329,7 +299,7 @@ def backward_segment_flags(flags, environ=None):
     """
     environ = os.environ if environ is None else environ
     if any(name == "backward_bulk_size" for name, _ in flags) or \
-            any(_chosen_by_user(name, environ) for name in BULK_VARIABLES):
+            any(env.value(name, environ) is not None for name in BULK_VARIABLES):
         return list(flags)
     return list(flags) + [("backward_bulk_size", BACKWARD_SEGMENT_OPS)]
 

@@ -7,7 +7,7 @@
 * :func:`hook_block_graphs`: a hybridized block rebuilds a graph built under another AMP
   generation, its input shapes are known while its graph is built, a graph with
   depthwise convolutions gets the plan's treatment (:mod:`mxamp.runtime.depthwise_graphs`),
-  and a graph for the CPU frees backward's arrays promptly
+  and a graph without convolutions for the CPU frees backward's arrays promptly
   (:func:`mxamp.backend.heap.backward_segment_flags`);
 * :func:`hook_imperative_depthwise`: the same treatment for a block that runs without
   ``hybridize()`` (installed only where the plan has one).
@@ -32,6 +32,7 @@ from mxnet.gluon.nn import BatchNorm
 
 from mxamp import dtypes
 from mxamp.backend import heap
+from mxamp.backend.graphs import op_names
 from mxamp.backend import mxnet_private as mxp
 from mxamp.runtime.casting import array_dtype, cast
 from mxamp.runtime.depthwise_graphs import (FLOAT32_GRAPH, STEER_BATCHNORM, TREATMENT_ATTR,
@@ -191,14 +192,20 @@ def _called_on_cpu(args):
     return first is not None and first.context.device_type == "cpu"
 
 
+#: Graphs with these operators keep MXNet's backward segments (see ``heap.py``: ResNet-50
+#: lost 2-8% of its speed with segments of one).
+_KEEPS_SEGMENTS = frozenset(("Convolution", "Deconvolution"))
+
+
 @contextlib.contextmanager
 def _backward_segments(block, args):
-    """While a graph AMP builds for the CPU is made: the block's flags carry mxamp's backward
-    segment size where the user chose none (``heap.backward_segment_flags``: on the CPU the
-    segments hold freed arrays and buy no speed). The block's own flags are back after."""
+    """While a graph without convolutions that AMP builds for the CPU is made: the block's
+    flags carry mxamp's backward segment size where the user chose none
+    (``heap.backward_segment_flags``: there the segments hold freed low-precision weight
+    gradients and buy no speed). The block's own flags are back after."""
     view = mxp.BlockView(block)
     kept = view.flags
-    if _called_on_cpu(args):
+    if _called_on_cpu(args) and not _KEEPS_SEGMENTS & op_names(view.trace(*args)[1]):
         view.flags = heap.backward_segment_flags(kept)
     try:
         yield
