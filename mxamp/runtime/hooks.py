@@ -193,7 +193,7 @@ def _called_on_cpu(args):
 
 
 #: Graphs with these operators keep MXNet's backward segments (see ``heap.py``: ResNet-50
-#: lost 2-8% of its speed with segments of one).
+#: looked 2-8% slower with segments of one, not yet measured in a balanced order).
 _KEEPS_SEGMENTS = frozenset(("Convolution", "Deconvolution"))
 
 
