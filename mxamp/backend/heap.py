@@ -41,7 +41,7 @@
   bfloat16 MLP's backward pass grew MXNet's storage by 44 MB with 15 operators per segment
   and by 22 MB with one. Resident peaks on the Zen 4, ``amp.init``, alternating processes,
   15 against 1: the MLP 664-675 MB against 647-661 (float32 plus the bfloat16 weight copies:
-  650-670), the Transformer block 586-608 against 564-578 (O2 579-604 against 532-555),
+  650-657), the Transformer block 586-608 against 564-578 (O2 579-604 against 532-555),
   steps alike; a chain of 100 small Dense layers took 3.40 against 3.47 ms a step. ResNet-50
   gained 40 MB (3%), and its steps looked 2-8% slower in 8 pairs of 9, but the pairs always
   ran the old setting first, and two pairs with the same code on both sides differed by -4%
