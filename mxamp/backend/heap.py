@@ -42,11 +42,10 @@
   and by 22 MB with one. Resident peaks on the Zen 4, ``amp.init``, alternating processes,
   15 against 1: the MLP 664-675 MB against 647-661 (float32 plus the bfloat16 weight copies:
   650-657), the Transformer block 586-608 against 564-578 (O2 579-604 against 532-555),
-  steps alike; a chain of 100 small Dense layers took 3.40 against 3.47 ms a step. ResNet-50
-  gained 40 MB (3%), and its steps looked 2-8% slower in 8 pairs of 9, but the pairs always
-  ran the old setting first, and two pairs with the same code on both sides differed by -4%
-  and +8%. Until a balanced measurement settles it, graphs with convolutions keep MXNet's
-  segments
+  steps alike; a chain of 100 small Dense layers took 3.40 against 3.47 ms a step. On
+  ResNet-50, in an order-balanced series (three cycles of 15, 1, 1, 15), segments of one cost
+  about 2% of the step (2432 against 2478 ms under ``amp.init``, 2434 against 2491 under O2)
+  and saved 0-10 MB, so graphs with convolutions keep MXNet's segments
   (``benchmark/results/native-amd-epyc-zen4/backward-segments-de53e48.md``). A GPU waits for
   its stream at the end of each segment, so graphs whose inputs are not on the CPU keep them
   too.
