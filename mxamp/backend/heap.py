@@ -39,10 +39,10 @@
   freed only when its segment ends. Under AMP each layer's low-precision weight gradient
   waits there for the cast that writes it into the float32 gradient, so several coexist: a
   bfloat16 MLP's backward pass grew MXNet's storage by 44 MB with 15 operators per segment
-  and by 22 MB with one. Resident peaks on the Zen 4, ``amp.init``, alternating processes,
-  15 against 1: the MLP 664-675 MB against 647-661 (float32 plus the bfloat16 weight copies:
-  650-657), the Transformer block 586-608 against 564-578 (O2 579-604 against 532-555),
-  steps alike; a chain of 100 small Dense layers took 3.40 against 3.47 ms a step. On
+  and by 22 MB with one. Resident peaks on the Zen 4, ``amp.init``, order-balanced processes
+  (15, 1, 1, 15, three cycles): the MLP 661-681 MB against 649-658 (float32 plus the bfloat16
+  weight copies: 650-657), the Transformer block 587-624 against 562-579 (O2 576-619 against
+  557-569), steps alike; a chain of 100 small Dense layers took 3.40 against 3.47 ms a step. On
   ResNet-50, in an order-balanced series (three cycles of 15, 1, 1, 15), segments of one cost
   about 2% of the step (2432 against 2478 ms under ``amp.init``, 2434 against 2491 under O2)
   and saved 0-10 MB, so graphs with convolutions keep MXNet's segments
