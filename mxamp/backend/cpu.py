@@ -255,10 +255,11 @@ def _user_isa(environ=None):
     return None, None
 
 
-def onednn_isa_cap(flags, environ=None):
+def onednn_isa_cap(flags, environ=None, amx_enabled=None):
     """The ISA cap oneDNN will read in a process with these CPU ``flags`` once ``import mxamp``
     has run: the user's ``DNNL_MAX_CPU_ISA``, else :data:`AMX_ISA` where
-    :func:`enable_amx_if_possible` will ask for AMX, else None. Reads the environment only.
+    :func:`enable_amx_if_possible` will ask for AMX (or, given ``amx_enabled``, where it
+    did), else None. Reads the environment only.
 
     The older ``MKLDNN_MAX_CPU_ISA`` caps nothing (oneDNN 2.4 ignores it), but it still tells
     mxamp that the user manages the ISA, so mxamp asks for no AMX either.
@@ -271,13 +272,16 @@ def onednn_isa_cap(flags, environ=None):
     'AVX2'
     >>> onednn_isa_cap({'amx_bf16'}, environ={'MKLDNN_MAX_CPU_ISA': 'AVX2'}) is None
     True
+    >>> onednn_isa_cap({'amx_bf16'}, environ={}, amx_enabled=False) is None   # grant refused
+    True
     """
     user_var, _ = _user_isa(environ)
     if user_var is not None:
         return env.value(ISA_ENV_NAMES[0], environ)
-    asked = "amx_bf16" in flags and env.flag(ENABLE_ENV, environ) and \
-        not env.flag(DISABLE_ENV, environ)
-    return AMX_ISA if asked else None
+    if amx_enabled is None:
+        amx_enabled = "amx_bf16" in flags and env.flag(ENABLE_ENV, environ) and \
+            not env.flag(DISABLE_ENV, environ)
+    return AMX_ISA if amx_enabled else None
 
 
 def enable_amx_if_possible():
@@ -395,8 +399,8 @@ def cpu_features():
         start = time.perf_counter()
         found = enable_amx_if_possible()
         model, flags = read_cpuinfo()
-        # oneDNN 2.4 reads DNNL_MAX_CPU_ISA only (mxamp's own AMX cap was latched and removed)
-        isa_cap = env.value(ISA_ENV_NAMES[0]) or (AMX_ISA if found.amx_enabled else None)
+        # mxamp's own AMX cap was latched and removed: whether it was, is found.amx_enabled
+        isa_cap = onednn_isa_cap(flags, amx_enabled=found.amx_enabled)
         bf16_class, why = classify_bf16(flags, isa_cap, found.amx_granted, onednn_enabled(),
                                         platform.machine())
         in_effect, check = False, ""
