@@ -1,4 +1,5 @@
-"""Memory under MXNet's arrays: its CPU temp space, oneDNN's scratch, and the C heap.
+"""Memory around MXNet's arrays: its CPU temp space, oneDNN's scratch, backward's segments, and
+the C heap.
 
 * :func:`share_cpu_temp_space` (at ``import mxamp``): MXNet keeps ``MXNET_CPU_TEMP_COPY``
   (default 4) temp-space buffers per CPU for operators' scratch memory (oneDNN's reorders
