@@ -91,7 +91,7 @@ import platform
 import resource
 
 from mxamp.backend import env
-from mxamp.backend.cpu import classify_bf16, onednn_isa_cap
+from mxamp.backend.cpu import ONEDNN_SWITCH_ENV, classify_bf16, onednn_isa_cap
 
 _LOG = logging.getLogger("mxamp")
 
@@ -199,7 +199,7 @@ def bound_primitive_cache(flags, environ=None, machine=None):
     if env.value("MXNET_MKLDNN_CACHE_NUM", environ) is not None:
         return ""
     bf16_class, _ = classify_bf16(flags, onednn_isa_cap(flags, environ),
-                                  onednn=env.flag("MXNET_MKLDNN_ENABLED", environ),
+                                  onednn=env.flag(ONEDNN_SWITCH_ENV, environ),
                                   machine=machine or platform.machine())
     if bf16_class != "native":
         return ""
@@ -271,6 +271,11 @@ BULK_VARIABLES = (_BACKWARD_BULK, "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN",
                   "MXNET_EXEC_BULK_EXEC_TRAIN")
 
 
+def _users_bulk_variable(environ):
+    """The first of :data:`BULK_VARIABLES` set in ``environ``, or None."""
+    return next((name for name in BULK_VARIABLES if env.value(name, environ) is not None), None)
+
+
 def backward_segments(environ=None):
     """MXNet's backward segments in this process, in words, and who chose them.
 
@@ -280,9 +285,9 @@ def backward_segments(environ=None):
     'MXNET_EXEC_BULK_EXEC_TRAIN=0, yours'
     """
     environ = os.environ if environ is None else environ
-    for name in BULK_VARIABLES:
-        if env.value(name, environ) is not None:
-            return "%s=%s, yours" % (name, env.value(name, environ))
+    chosen = _users_bulk_variable(environ)
+    if chosen is not None:
+        return "%s=%s, yours" % (chosen, env.value(chosen, environ))
     return ("MXNet's default, 15 operators; %d in the graphs without convolutions that AMP "
             "builds for the CPU" % BACKWARD_SEGMENT_OPS)
 
@@ -301,7 +306,7 @@ def backward_segment_flags(flags, environ=None):
     """
     environ = os.environ if environ is None else environ
     if any(name == "backward_bulk_size" for name, _ in flags) or \
-            any(env.value(name, environ) is not None for name in BULK_VARIABLES):
+            _users_bulk_variable(environ) is not None:
         return list(flags)
     return list(flags) + [("backward_bulk_size", BACKWARD_SEGMENT_OPS)]
 

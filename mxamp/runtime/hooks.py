@@ -205,8 +205,10 @@ def _backward_segments(block, args):
     gradients and buy no speed). The block's own flags are back after."""
     view = mxp.BlockView(block)
     kept = view.flags
-    if _called_on_cpu(args) and not _KEEPS_SEGMENTS & op_names(view.trace(*args)[1]):
-        view.flags = heap.backward_segment_flags(kept)
+    chosen = heap.backward_segment_flags(kept)
+    if chosen != kept and _called_on_cpu(args) and \
+            not _KEEPS_SEGMENTS & op_names(view.trace(*args)[1]):
+        view.flags = chosen
     try:
         yield
     finally:
