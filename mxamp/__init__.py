@@ -29,6 +29,10 @@ from mxamp.backend import heap as _heap  # noqa: E402
 _heap.share_cpu_temp_space()
 # One glibc malloc arena, before MXNet's threads first allocate (heap.py).
 _heap.share_one_c_heap()
+# Before MXNet plans a graph's memory: the plan, of those MXNet can make, that allocates least
+# (graph_memory.py).
+from mxamp.backend import graph_memory as _graph_memory  # noqa: E402
+_graph_memory.search_storage_plans()
 # Before MXNet's first oneDNN primitive: where bfloat16 computes in AVX512-BF16, one cached
 # primitive per operator type, so that their scratch does not outlive the operator (heap.py).
 from mxamp.backend.cpu import read_cpu_flags as _read_cpu_flags  # noqa: E402

@@ -31,8 +31,8 @@ from mxamp._version import __version__
 from mxamp.backend import env
 from mxamp.backend.timing import time_calls
 from mxamp.backend.cpu import cpu_features, read_cpuinfo
-from mxamp.backend.heap import (backward_segments, c_heap_arenas, cpu_temp_space,
-                                primitive_cache, trim_policy)
+from mxamp.backend.graph_memory import backward_segments, storage_plans
+from mxamp.backend.heap import c_heap_arenas, cpu_temp_space, primitive_cache, trim_policy
 from mxamp.precision.plan import precision_plan
 from mxamp.backend.probe import cache_path, machine_probe
 
@@ -143,6 +143,7 @@ def collect(timing=True, probe=True, seconds=0.5):
                 "amx_reason": features.reason, "temp_space": cpu_temp_space(),
                 "primitive_cache": primitive_cache(), "c_heap_arenas": c_heap_arenas(),
                 "backward_segments": backward_segments(),
+                "storage_plans": storage_plans(),
                 "heap_trim": trim_policy(), "MXAMP_TRIM_HEAP": env.value("MXAMP_TRIM_HEAP")},
         "plans": {}, "onednn": None, "timing": {}, "consistent": None, "probe": None,
     }
@@ -209,6 +210,7 @@ def format_report(facts):
              "  MXNet's oneDNN primitive cache: %s" % c.get("primitive_cache", "unknown"),
              "  C heap arenas: %s" % c.get("c_heap_arenas", "unknown"),
              "  MXNet's backward segments: %s" % c.get("backward_segments", "unknown"),
+             "  MXNet's graph memory plans: %s" % c.get("storage_plans", "unknown"),
              "  C heap trim in amp.scale_loss: %s (MXAMP_TRIM_HEAP%s)" % (
                  c.get("heap_trim", "unknown"), " unset" if c.get("MXAMP_TRIM_HEAP") is None
                  else "=" + c["MXAMP_TRIM_HEAP"])]

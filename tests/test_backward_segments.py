@@ -15,12 +15,13 @@ import sys
 import pytest
 
 from side_by_side import map_side_by_side
+from storage_counter import GROWTH_SOURCE
 
 _BACKWARD_BULK = "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD"
 _USERS_CHOICE = 15   # MXNet's own default, chosen explicitly
 
 _CHILD = """
-import json, os, sys, tempfile
+import json, os, sys
 import mxnet as mx            # first, as scripts do
 from mxamp import amp
 from mxnet import autograd, gluon
@@ -51,24 +52,13 @@ for _ in range(2):
     trainer.step(data.shape[0])
 with autograd.record():
     loss = loss_fn(net(data), label)
-mx.nd.waitall()
-handle, path = tempfile.mkstemp(suffix='.json')
-os.close(handle)
-mx.profiler.set_config(profile_memory=True, profile_symbolic=False, profile_imperative=False,
-                       profile_api=False, filename=path)
-mx.profiler.set_state('run')
-with autograd.record():
-    backward(loss)
-mx.nd.waitall()
-mx.profiler.set_state('stop')
-mx.profiler.dump()
-with open(path) as f:
-    events = json.load(f)['traceEvents']
-os.remove(path)
-counter = sorted((e for e in events if e.get('ph') == 'C' and e['name'].startswith('Memory: cpu')),
-                 key=lambda e: e['ts'])
-mb = [e['args'][e['name']] / 2 ** 20 for e in counter]
-print(json.dumps({'growth_mb': max(mb) - mb[0],
+
+def profiled():
+    with autograd.record():
+        backward(loss)
+
+growth = storage_growth_mb(profiled)
+print(json.dumps({'growth_mb': growth,
                   'flags': dict(net._flags),
                   'variable': os.environ.get('MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD')}))
 """
@@ -82,8 +72,8 @@ def _backward_growth(run):
     if users is not None and where == "variable":
         environ[_BACKWARD_BULK] = str(users)
     flag = str(users) if users is not None and where == "flag" else "none"
-    proc = subprocess.run([sys.executable, "-c", _CHILD, model, flag], env=environ,
-                          capture_output=True, text=True, timeout=180)
+    proc = subprocess.run([sys.executable, "-c", GROWTH_SOURCE + _CHILD, model, flag],
+                          env=environ, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.splitlines()[-1])
 

@@ -1,7 +1,9 @@
 """Every environment variable mxamp reads, in one table, and the one parser of on/off values.
 
 mxamp reads the environment here only: its own switches (``MXAMP_*``) and the few MXNet,
-oneDNN and XDG variables whose meaning it must follow. The README's table of environment
+oneDNN and XDG variables whose meaning it must follow. The few MXNet and glibc variables that
+``import mxamp`` sets where you did not are set through :func:`choose`, which remembers them,
+so that :func:`in_force` can tell the doctor who chose each. The README's table of environment
 variables lists the same names (``tests/test_docs.py`` compares them). Nothing here imports
 MXNet: the CPU's class is read before MXNet runs its first oneDNN primitive.
 
@@ -62,6 +64,14 @@ VARIABLES = {
                                                   "the backward segments alone"),
     "MXNET_EXEC_BULK_EXEC_TRAIN": (None, "MXNet's bulked execution in training (default on); "
                                          "set, mxamp leaves the backward segments alone"),
+    "NNVM_EXEC_MATCH_RANGE": (None, "how far apart in size two arrays of an MXNet graph may be "
+                                    "and share a storage block (MXNet's default 16); set, "
+                                    "mxamp leaves MXNet's memory plans alone"),
+    "NNVM_AUTO_SEARCH_MATCH_RANGE": (None, "on: MXNet plans each graph's memory with every "
+                                           "match range from 1 to NNVM_EXEC_MATCH_RANGE and "
+                                           "keeps the plan that allocates least; where it and "
+                                           "NNVM_EXEC_MATCH_RANGE are unset, import mxamp sets "
+                                           "1 (see README, Memory)"),
     "MALLOC_ARENA_MAX": (None, "glibc's malloc arenas (default up to 8 per core); where unset, "
                                "import mxamp asks glibc for one (see README, Memory)"),
     "XDG_CACHE_HOME": (None, "where the probe's cache lives (default ~/.cache): "
@@ -100,3 +110,43 @@ def flag(name, environ=None):
         _LOG.warning("%s=%r is not one of %s; treating it as set", name, raw,
                      "/".join(TRUE_WORDS))
     return True
+
+
+#: variable -> (value, in words) that mxamp chose in this process (for the doctor)
+_CHOSEN_BY_MXAMP = {}
+
+
+def choose(name, chosen, why, environ=None):
+    """Set ``name`` to ``chosen`` in ``environ`` (for MXNet, glibc and child processes) on
+    mxamp's behalf; returns the choice in words. Callers first check that the user set
+    nothing.
+
+    >>> e = {}; choose('MALLOC_ARENA_MAX', 1, 'one arena', environ=e), e
+    ('MALLOC_ARENA_MAX=1 (one arena)', {'MALLOC_ARENA_MAX': '1'})
+    """
+    value(name, environ)   # only names of VARIABLES
+    environ = os.environ if environ is None else environ
+    environ[name] = str(chosen)
+    said = "%s=%s (%s)" % (name, chosen, why)
+    if environ is os.environ:
+        _CHOSEN_BY_MXAMP[name] = (str(chosen), said)
+    _LOG.debug("mxamp: set %s", said)
+    return said
+
+
+def in_force(name, default, environ=None):
+    """The setting ``name`` in this process (or ``environ``), in words, and who chose it
+    (``default``: what an unset variable means).
+
+    >>> in_force('MALLOC_ARENA_MAX', "glibc's default", environ={})
+    "MALLOC_ARENA_MAX unset: glibc's default"
+    >>> in_force('MALLOC_ARENA_MAX', "glibc's default", environ={'MALLOC_ARENA_MAX': '2'})
+    'MALLOC_ARENA_MAX=2, yours'
+    """
+    chosen = value(name, environ)
+    if chosen is None:
+        return "%s unset: %s" % (name, default)
+    ours = environ is None or environ is os.environ
+    if ours and _CHOSEN_BY_MXAMP.get(name, (None,))[0] == chosen:
+        return "set by import mxamp: " + _CHOSEN_BY_MXAMP[name][1]
+    return "%s=%s, yours" % (name, chosen)

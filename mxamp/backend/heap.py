@@ -1,5 +1,5 @@
-"""Memory around MXNet's arrays: its CPU temp space, oneDNN's scratch, backward's segments, and
-the C heap.
+"""Memory around MXNet's arrays: its CPU temp space, oneDNN's scratch and the C heap. How
+MXNet's graphs share and free storage is :mod:`mxamp.backend.graph_memory`'s.
 
 * :func:`share_cpu_temp_space` (at ``import mxamp``): MXNet keeps ``MXNET_CPU_TEMP_COPY``
   (default 4) temp-space buffers per CPU for operators' scratch memory (oneDNN's reorders
@@ -34,22 +34,6 @@ the C heap.
   the resident peak landed at 1365-1389 MB in 8 processes of 12 and at 1441, 1445, 1513 and
   1747 MB in the other 4, the jump at a different step each time; with one arena, 12 of 12
   landed at 1365-1382 MB (``benchmark/results/native-amd-epyc-zen4/c-heap-arenas-df21800.md``).
-* :func:`backward_segment_flags` (the graphs without convolutions that AMP builds for the CPU):
-  MXNet runs a training backward pass in bulked segments of up to 15 operators
-  (``MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD``), and an array the pass no longer needs is
-  freed only when its segment ends. Under AMP each layer's low-precision weight gradient
-  waits there for the cast that writes it into the float32 gradient, so several coexist: a
-  bfloat16 MLP's backward pass grew MXNet's storage by 44 MB with 15 operators per segment
-  and by 22 MB with one. Resident peaks on the Zen 4, ``amp.init``, order-balanced processes
-  (15, 1, 1, 15, three cycles): the MLP 661-681 MB against 649-658 (float32 plus the bfloat16
-  weight copies: 650-657), the Transformer block 587-624 against 562-579 (O2 576-619 against
-  557-569), steps alike; a chain of 100 small Dense layers took 3.40 against 3.47 ms a step. On
-  ResNet-50, in an order-balanced series (three cycles of 15, 1, 1, 15), segments of one cost
-  about 2% of the step (2432 against 2478 ms under ``amp.init``, 2434 against 2491 under O2)
-  and saved 0-10 MB, so graphs with convolutions keep MXNet's segments
-  (``benchmark/results/native-amd-epyc-zen4/backward-segments-de53e48.md``). A GPU waits for
-  its stream at the end of each segment, so graphs whose inputs are not on the CPU keep them
-  too.
 * :func:`release_free_memory`:
 
   MXNet's CPU storage allocates with the C allocator and frees at once, but glibc keeps most
@@ -97,39 +81,13 @@ _LOG = logging.getLogger("mxamp")
 
 #: How many CPU temp-space buffers mxamp asks MXNet for, where the user set neither variable.
 CPU_TEMP_COPIES = 1
-#: variable -> (value, in words) that ``import mxamp`` set in this process (for the doctor)
-_SET_BY_MXAMP = {}
-
-
-def _in_force(name, default):
-    """The setting ``name`` in this process, in words, and who chose it (``default``: what
-    an unset variable means)."""
-    chosen = env.value(name)
-    if chosen is None:
-        return "%s unset: %s" % (name, default)
-    if _SET_BY_MXAMP.get(name, (None,))[0] == chosen:
-        return "set by import mxamp: " + _SET_BY_MXAMP[name][1]
-    return "%s=%s, yours" % (name, chosen)
-
-
-def _set_variable(name, value, why, environ):
-    """Set ``name`` to ``value`` in ``environ`` (for MXNet, glibc and child processes); returns
-    it in words."""
-    environ[name] = str(value)
-    said = "%s=%s (%s)" % (name, value, why)
-    if environ is os.environ:
-        _SET_BY_MXAMP[name] = (str(value), said)
-    _LOG.debug("mxamp: set %s", said)
-    return said
-
-
 def cpu_temp_space():
     """MXNet's CPU temp-space buffers in this process, in words, and who chose them.
 
     >>> 'MXNET_CPU_TEMP_COPY' in cpu_temp_space()
     True
     """
-    return _in_force("MXNET_CPU_TEMP_COPY", "MXNet's default, 4 buffers")
+    return env.in_force("MXNET_CPU_TEMP_COPY", "MXNet's default, 4 buffers")
 
 
 def share_cpu_temp_space(environ=None):
@@ -153,8 +111,8 @@ def share_cpu_temp_space(environ=None):
     if env.value("MXNET_CPU_TEMP_COPY", environ) is not None or \
             env.value("MXNET_CPU_WORKER_NTHREADS", environ) is not None:
         return ""
-    return _set_variable("MXNET_CPU_TEMP_COPY", CPU_TEMP_COPIES, "one CPU temp-space buffer: "
-                          "MXNet runs CPU operators on one thread", environ)
+    return env.choose("MXNET_CPU_TEMP_COPY", CPU_TEMP_COPIES, "one CPU temp-space buffer: "
+                      "MXNet runs CPU operators on one thread", environ)
 
 
 #: How many oneDNN primitives per operator type MXNet keeps where mxamp bounds its cache.
@@ -167,7 +125,7 @@ def primitive_cache():
     >>> 'MXNET_MKLDNN_CACHE_NUM' in primitive_cache()
     True
     """
-    return _in_force("MXNET_MKLDNN_CACHE_NUM", "MXNet's default, every primitive kept")
+    return env.in_force("MXNET_MKLDNN_CACHE_NUM", "MXNet's default, every primitive kept")
 
 
 def bound_primitive_cache(flags, environ=None, machine=None):
@@ -203,9 +161,9 @@ def bound_primitive_cache(flags, environ=None, machine=None):
                                   machine=machine or platform.machine())
     if bf16_class != "native":
         return ""
-    return _set_variable("MXNET_MKLDNN_CACHE_NUM", PRIMITIVE_CACHE_SIZE, "one oneDNN primitive "
-                          "per operator type: a bfloat16 model's scratch lives while its "
-                          "operator runs", environ)
+    return env.choose("MXNET_MKLDNN_CACHE_NUM", PRIMITIVE_CACHE_SIZE, "one oneDNN primitive "
+                      "per operator type: a bfloat16 model's scratch lives while its "
+                      "operator runs", environ)
 
 
 _LIBC = {}
@@ -236,7 +194,7 @@ def c_heap_arenas():
     >>> 'MALLOC_ARENA_MAX' in c_heap_arenas()
     True
     """
-    return _in_force("MALLOC_ARENA_MAX", "glibc's default, up to 8 per core")
+    return env.in_force("MALLOC_ARENA_MAX", "glibc's default, up to 8 per core")
 
 
 def share_one_c_heap(environ=None):
@@ -258,57 +216,8 @@ def share_one_c_heap(environ=None):
     mallopt = _libc_function("mallopt")
     if mallopt is None or not mallopt(_M_ARENA_MAX, MALLOC_ARENAS):
         return ""
-    return _set_variable("MALLOC_ARENA_MAX", MALLOC_ARENAS, "one glibc malloc arena: MXNet's "
-                         "threads share the heap that frees blocks for each other", environ)
-
-
-#: Operators per segment of MXNet's bulked backward pass where mxamp chooses: one, so that
-#: each array the pass frees goes when its last reader has run.
-BACKWARD_SEGMENT_OPS = 1
-_BACKWARD_BULK = "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD"
-#: MXNet's variables for bulked execution in training: one the user set keeps mxamp out.
-BULK_VARIABLES = (_BACKWARD_BULK, "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN",
-                  "MXNET_EXEC_BULK_EXEC_TRAIN")
-
-
-def _users_bulk_variable(environ):
-    """The first of :data:`BULK_VARIABLES` set in ``environ``, or None."""
-    return next((name for name in BULK_VARIABLES if env.value(name, environ) is not None), None)
-
-
-def backward_segments(environ=None):
-    """MXNet's backward segments in this process, in words, and who chose them.
-
-    >>> backward_segments(environ={})
-    "MXNet's default, 15 operators; 1 in the graphs without convolutions that AMP builds for the CPU"
-    >>> backward_segments(environ={'MXNET_EXEC_BULK_EXEC_TRAIN': '0'})
-    'MXNET_EXEC_BULK_EXEC_TRAIN=0, yours'
-    """
-    environ = os.environ if environ is None else environ
-    chosen = _users_bulk_variable(environ)
-    if chosen is not None:
-        return "%s=%s, yours" % (chosen, env.value(chosen, environ))
-    return ("MXNet's default, 15 operators; %d in the graphs without convolutions that AMP "
-            "builds for the CPU" % BACKWARD_SEGMENT_OPS)
-
-
-def backward_segment_flags(flags, environ=None):
-    """A hybridized block's graph ``flags`` (``(name, value)`` pairs, as ``hybridize()``
-    keeps them) with :data:`BACKWARD_SEGMENT_OPS` added, where neither the block's
-    ``hybridize(backward_bulk_size=...)`` nor a variable the user set chose a size.
-
-    >>> backward_segment_flags([('static_alloc', False)], environ={})
-    [('static_alloc', False), ('backward_bulk_size', 1)]
-    >>> backward_segment_flags([('backward_bulk_size', 15)], environ={})
-    [('backward_bulk_size', 15)]
-    >>> backward_segment_flags([], environ={'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN': '30'})
-    []
-    """
-    environ = os.environ if environ is None else environ
-    if any(name == "backward_bulk_size" for name, _ in flags) or \
-            _users_bulk_variable(environ) is not None:
-        return list(flags)
-    return list(flags) + [("backward_bulk_size", BACKWARD_SEGMENT_OPS)]
+    return env.choose("MALLOC_ARENA_MAX", MALLOC_ARENAS, "one glibc malloc arena: MXNet's "
+                      "threads share the heap that frees blocks for each other", environ)
 
 
 def release_free_memory():

@@ -8,7 +8,7 @@
   generation, its input shapes are known while its graph is built, a graph with
   depthwise convolutions gets the plan's treatment (:mod:`mxamp.runtime.depthwise_graphs`),
   and a graph without convolutions for the CPU frees backward's arrays promptly
-  (:func:`mxamp.backend.heap.backward_segment_flags`);
+  (:func:`mxamp.backend.graph_memory.backward_segment_flags`);
 * :func:`hook_imperative_depthwise`: the same treatment for a block that runs without
   ``hybridize()`` (installed only where the plan has one).
 
@@ -31,7 +31,7 @@ from mxnet.gluon import Block, HybridBlock
 from mxnet.gluon.nn import BatchNorm
 
 from mxamp import dtypes
-from mxamp.backend import heap
+from mxamp.backend import graph_memory
 from mxamp.backend import mxnet_private as mxp
 from mxamp.backend.graphs import op_names
 from mxamp.runtime.casting import array_dtype, cast
@@ -192,7 +192,7 @@ def _called_on_cpu(args):
     return first is not None and first.context.device_type == "cpu"
 
 
-#: Graphs with these operators keep MXNet's backward segments (see ``heap.py``: segments of
+#: Graphs with these operators keep MXNet's backward segments (see ``graph_memory.py``: segments of
 #: one cost ResNet-50 about 2% of its step, in a balanced order, for 0-10 MB).
 _KEEPS_SEGMENTS = frozenset(("Convolution", "Deconvolution"))
 
@@ -201,11 +201,11 @@ _KEEPS_SEGMENTS = frozenset(("Convolution", "Deconvolution"))
 def _backward_segments(block, args):
     """While a graph without convolutions that AMP builds for the CPU is made: the block's
     flags carry mxamp's backward segment size where the user chose none
-    (``heap.backward_segment_flags``: there the segments hold freed low-precision weight
+    (``graph_memory.backward_segment_flags``: there the segments hold freed low-precision weight
     gradients and buy no speed). The block's own flags are back after."""
     view = mxp.BlockView(block)
     kept = view.flags
-    chosen = heap.backward_segment_flags(kept)
+    chosen = graph_memory.backward_segment_flags(kept)
     if chosen != kept and _called_on_cpu(args) and \
             not _KEEPS_SEGMENTS & op_names(view.trace(*args)[1]):
         view.flags = chosen
