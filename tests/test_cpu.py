@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from mxamp.backend import cpu
+from mxamp.backend import amx, cpu
 from side_by_side import map_side_by_side
 
 pytestmark = pytest.mark.cpu_class
@@ -162,7 +162,7 @@ def test_amx_is_on_by_default_and_reported_as_it_is(order, amx_on, ordered_runs)
     assert features["amx_in_effect"] == onednn_uses_amx, (
         "mxamp reports amx_in_effect=%s (%s) but oneDNN reports %s; on an AMX CPU this checks "
         "the assumption that a bf16 GEMM >= %.1fx float32 means AMX (mxamp/backend/amx.py)"
-        % (features["amx_in_effect"], features["amx_check"], isa, cpu.AMX_MIN_SPEEDUP))
+        % (features["amx_in_effect"], features["amx_check"], isa, amx.AMX_MIN_SPEEDUP))
     can_amx = _machine_can_use_amx() and _outer_cap() is None
     print("order %s, AMX on %s, machine can use AMX: %s; %s" % (order, amx_on, can_amx, isa))
     if not (amx_on and can_amx):

@@ -109,6 +109,36 @@ def bf16_gemm_speedup(size=1024, repeats=3):
     return best(data, weight) / max(best(*bf16), 1e-9)
 
 
+def in_effect(latched_first):
+    """``(AMX in effect, how we know)`` for a process whose ISA cap allows AMX.
+
+    Certain where mxamp latched the cap before anyone imported MXNet (``latched_first``: no
+    oneDNN primitive can have run before it); elsewhere a bfloat16 GEMM is timed against
+    float32 (:func:`bf16_gemm_speedup`).
+    """
+    if latched_first:
+        return True, "mxamp set the AMX cap before MXNet's first oneDNN primitive"
+    speedup = bf16_gemm_speedup()
+    if speedup < AMX_MIN_SPEEDUP:    # a loaded machine blurs one measurement: take the best
+        speedup = max(speedup, bf16_gemm_speedup())
+    verdict = speedup >= AMX_MIN_SPEEDUP
+    return verdict, "a 1024x1024x1024 bfloat16 GEMM ran %.2fx float32's speed (AMX: >= %.1fx)" % (
+        speedup, AMX_MIN_SPEEDUP)
+
+
+def too_late_message(check):
+    """The warning for a process where AMX was asked for and ``check`` found it not in effect.
+
+    >>> 'Import mxamp before the first oneDNN operator' in too_late_message('a check')
+    True
+    """
+    return ("mxamp: AMX was asked for but is not in effect in this process (%s): oneDNN had "
+            "already fixed its instruction set at an earlier oneDNN operator. Import mxamp "
+            "before the first oneDNN operator runs (or set DNNL_MAX_CPU_ISA=AVX512_CORE_AMX "
+            "yourself before starting Python). bfloat16 runs without AMX here (class 'native'), "
+            "which on Sapphire Rapids is slower than float32." % check)
+
+
 def _uniform(shape):
     import numpy as np
     return np.random.RandomState(0).uniform(-1, 1, shape).astype("float32")

@@ -59,8 +59,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
 from mxamp.backend import env
-from mxamp.backend.amx import (AMX_ISA, AMX_MIN_SPEEDUP, bf16_gemm_speedup, latch_onednn_isa,
-                               request_permission)
+from mxamp.backend.amx import AMX_ISA, latch_onednn_isa, request_permission, too_late_message
+from mxamp.backend.amx import in_effect as amx_in_effect
 
 _LOG = logging.getLogger(__name__)
 
@@ -343,33 +343,6 @@ def _decide_and_enable():
     return replace(found, amx_granted=True, amx_enabled=True, onednn_max_isa=AMX_ISA), False
 
 
-#: Measures float32 time / bfloat16 time of one GEMM (tests replace it to inject timings).
-measure_bf16_speedup = bf16_gemm_speedup
-
-
-def _amx_in_effect(found):
-    """``(in effect, how we know)`` for a process whose ISA cap allows AMX.
-
-    Certain when mxamp latched the cap before anyone imported MXNet (no oneDNN primitive can
-    have run before it); otherwise a bfloat16 GEMM is timed against float32."""
-    if found.amx_enabled and not found.mxnet_imported_first:
-        return True, "mxamp set the AMX cap before MXNet's first oneDNN primitive"
-    speedup = measure_bf16_speedup()
-    if speedup < AMX_MIN_SPEEDUP:    # a loaded machine blurs one measurement: take the best
-        speedup = max(speedup, measure_bf16_speedup())
-    verdict = speedup >= AMX_MIN_SPEEDUP
-    return verdict, "a 1024x1024x1024 bfloat16 GEMM ran %.2fx float32's speed (AMX: >= %.1fx)" % (
-        speedup, AMX_MIN_SPEEDUP)
-
-
-def _too_late_message(check):
-    return ("mxamp: AMX was asked for but is not in effect in this process (%s): oneDNN had "
-            "already fixed its instruction set at an earlier oneDNN operator. Import mxamp "
-            "before the first oneDNN operator runs (or set DNNL_MAX_CPU_ISA=AVX512_CORE_AMX "
-            "yourself before starting Python). bfloat16 runs without AMX here (class 'native'), "
-            "which on Sapphire Rapids is slower than float32." % check)
-
-
 def onednn_enabled():
     """True when MXNet's oneDNN operators run: a build with MKLDNN, not switched off by env.
 
@@ -405,11 +378,12 @@ def cpu_features():
                                         platform.machine())
         in_effect, check = False, ""
         if bf16_class == "amx":
-            in_effect, check = _amx_in_effect(found)
+            in_effect, check = amx_in_effect(found.amx_enabled and
+                                                  not found.mxnet_imported_first)
             if not in_effect:
                 bf16_class, why = classify_bf16(flags, None, False, True, platform.machine())
                 why = "AMX asked for but not in effect (%s); %s" % (check, why)
-                warnings.warn(_too_late_message(check), RuntimeWarning, stacklevel=2)
+                warnings.warn(too_late_message(check), RuntimeWarning, stacklevel=2)
         _CLASSIFIED = replace(found, bf16_class=bf16_class, bf16_reason=why, cpu_model=model,
                               decided_ms=round((time.perf_counter() - start) * 1e3, 2),
                               amx_in_effect=in_effect, amx_check=check)
