@@ -1,7 +1,8 @@
 """One bench_worker.py process, summarised on one line: MXNet's storage growth in the second
 step (step_storage_mb), the resident peak and the step times. TAG names the setting."""
 import sys, io, contextlib, json, os
-sys.path.insert(0, "/work/main/benchmark"); sys.path.insert(1, "/work/main")
+ROOT = os.path.abspath(__file__).split("/benchmark/")[0]   # the checkout this file is in
+sys.path.insert(0, ROOT + "/benchmark"); sys.path.insert(1, ROOT)
 import bench_worker
 buf = io.StringIO()
 with contextlib.redirect_stdout(buf):
