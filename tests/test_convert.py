@@ -436,6 +436,24 @@ def test_float16_graph_builds_on_cpu_but_running_it_there_is_refused(resnet18, t
         block(x[:1])
 
 
+@pytest.mark.parametrize("target, device, stored", [
+    ("float16", "gpu", True), ("bfloat16", "gpu", True), ("auto", "gpu", True),
+    ("float16", "native", False), ("bfloat16", "none", False), ("auto", "none", False),
+])
+def test_a_conversion_stores_weights_in_what_its_device_computes(target, device, stored):
+    """Issue #25 item 7, checks decisions only (no GPU here): the storage rule of
+    ``convert_*``'s default (``cast_optional_params=None``) reads the plan, not the CPU, so a
+    float16 conversion for a GPU stores float16 weights as a bfloat16 one stores bfloat16 where
+    the CPU computes it; where the device computes nothing in the target (float16 on any CPU,
+    bfloat16 on class 'none'), the weights stay float32. Expectations from README's device
+    table: float16 is computed on GPUs only."""
+    from mxamp.conversion.convert import _stores_low_precision
+    from mxamp.precision import plan as plans
+    amp_plan = plans.make(target, [device])
+    assert _stores_low_precision(None, amp_plan) is stored, amp_plan.describe()
+    assert _stores_low_precision(False, amp_plan) is False, "the reference's default must hold"
+
+
 def test_bad_input_raises_clear_errors(resnet18):
     net, _, _ = resnet18
     sym = net._cached_graph[1]
