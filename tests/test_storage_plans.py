@@ -26,7 +26,7 @@ _CHILD = """
 import json, os
 import mxnet as mx            # first, as scripts do
 from mxamp import amp
-from mxnet import autograd, gluon
+from mxnet import autograd
 from mxnet.gluon import nn
 amp.init(target_dtype='bfloat16')
 net = nn.HybridSequential()
