@@ -69,18 +69,16 @@ True
 import ctypes
 import ctypes.util
 import gc
-import logging
-import os
 import platform
 import resource
 
 from mxamp.backend import env
 from mxamp.backend.cpu import ONEDNN_SWITCH_ENV, classify_bf16, onednn_isa_cap
 
-_LOG = logging.getLogger("mxamp")
-
 #: How many CPU temp-space buffers mxamp asks MXNet for, where the user set neither variable.
 CPU_TEMP_COPIES = 1
+
+
 def cpu_temp_space():
     """MXNet's CPU temp-space buffers in this process, in words, and who chose them.
 
@@ -107,7 +105,6 @@ def share_cpu_temp_space(environ=None):
     'MXNET_CPU_TEMP_COPY=1 (one CPU temp-space buffer: MXNet runs CPU operators on one thread)'
     {'MXNET_CPU_TEMP_COPY': '1'}
     """
-    environ = os.environ if environ is None else environ
     if env.value("MXNET_CPU_TEMP_COPY", environ) is not None or \
             env.value("MXNET_CPU_WORKER_NTHREADS", environ) is not None:
         return ""
@@ -153,7 +150,6 @@ def bound_primitive_cache(flags, environ=None, machine=None):
     >>> e['MXNET_MKLDNN_CACHE_NUM']
     '0'
     """
-    environ = os.environ if environ is None else environ
     if env.value("MXNET_MKLDNN_CACHE_NUM", environ) is not None:
         return ""
     bf16_class, _ = classify_bf16(flags, onednn_isa_cap(flags, environ),
@@ -210,7 +206,6 @@ def share_one_c_heap(environ=None):
     >>> share_one_c_heap(environ={'MALLOC_ARENA_MAX': '8'})
     ''
     """
-    environ = os.environ if environ is None else environ
     if env.value("MALLOC_ARENA_MAX", environ) is not None:
         return ""
     mallopt = _libc_function("mallopt")
