@@ -5,12 +5,19 @@ MXNet's CPU storage. :data:`GROWTH_SOURCE` is Python source that a child's scrip
 with (children import MXNet themselves, first, as scripts do); it defines
 ``storage_growth_mb(run)``: how far the counter climbs above its start while ``run()`` runs
 once, in MB. MXNet finishes one profiler trace per process, so a child calls it once.
+
+The counter starts at zero when profiling starts (MXNet's ``storage_profiler.h``), and its
+trace holds the value after each allocation or free, never the start. So the start is zero,
+not the first value: that one is the first event's, and which event comes first depends on
+the engine's threads (a late free of an earlier array, clamped at zero, or an allocation).
+Reading the first value as the start made one CI run count a step 1 MB above another.
 """
 
 GROWTH_SOURCE = """
 def storage_growth_mb(run):
-    import json, os, tempfile
+    import gc, json, os, tempfile
     import mxnet as mx
+    gc.collect()     # arrays in reference cycles go now, not freed during run()
     mx.nd.waitall()
     handle, path = tempfile.mkstemp(suffix='.json')
     os.close(handle)
@@ -27,5 +34,5 @@ def storage_growth_mb(run):
     counter = sorted((e for e in events if e.get('ph') == 'C'
                       and e['name'].startswith('Memory: cpu')), key=lambda e: e['ts'])
     mb = [e['args'][e['name']] / 2 ** 20 for e in counter]
-    return max(mb) - mb[0]
+    return max([0.0] + mb)
 """
