@@ -25,7 +25,6 @@ no network and takes about four minutes on two cores for the ~420 ops of the bf1
 The last full runs are kept in ``ci/probe_results_bfloat16.txt`` / ``..._float16.txt``.
 """
 import argparse
-import ctypes
 import gc
 import json
 import os

@@ -9,13 +9,12 @@ and gives float32's outputs exactly (tests marked ``cpu_class``).
 """
 import collections
 import os
-import warnings
 
 import mxnet as mx
 import numpy as np
 import pytest
 
-from bf16_expect import AUTO_BY_CLASS, BF16_KERNELS, LOW, NO_KERNELS_WARNING, where
+from bf16_expect import AUTO_BY_CLASS, BF16_KERNELS, LOW, where
 from mxamp import amp, dtypes
 from mxamp.conversion.convert import ConvertedBlock, convert_symbol
 from mxamp.lists import get_op_lists

@@ -16,7 +16,6 @@ import threading
 
 import mxnet as mx
 import numpy as np
-import pytest
 
 import mxamp
 from mxamp import amp
