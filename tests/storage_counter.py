@@ -2,9 +2,10 @@
 
 MXNet's profiler keeps a ``Memory: cpu/0`` counter that sees every allocation and free of
 MXNet's CPU storage. :data:`GROWTH_SOURCE` is Python source that a child's script starts
-with (children import MXNet themselves, first, as scripts do); it defines
-``storage_growth_mb(run)``: how far the counter climbs above its start while ``run()`` runs
-once, in MB. MXNet finishes one profiler trace per process, so a child calls it once.
+with (children import MXNet themselves, first, as scripts do). It defines
+``storage_trace(run)``: the counter's values in bytes while ``run()`` runs once, the start
+(zero) first; and ``storage_growth_mb(run)``: how far the counter climbs above its start, in
+MB. MXNet finishes one profiler trace per process, so a child calls one of them once.
 
 The counter starts at zero when profiling starts (MXNet's ``storage_profiler.h``), and its
 trace holds the value after each allocation or free, never the start. So the start is zero,
@@ -14,7 +15,7 @@ Reading the first value as the start made one CI run count a step 1 MB above ano
 """
 
 GROWTH_SOURCE = """
-def storage_growth_mb(run):
+def storage_trace(run):
     import gc, json, os, tempfile
     import mxnet as mx
     gc.collect()     # arrays in reference cycles go now, not freed during run()
@@ -33,6 +34,9 @@ def storage_growth_mb(run):
     os.remove(path)
     counter = sorted((e for e in events if e.get('ph') == 'C'
                       and e['name'].startswith('Memory: cpu')), key=lambda e: e['ts'])
-    mb = [e['args'][e['name']] / 2 ** 20 for e in counter]
-    return max([0.0] + mb)
+    return [0] + [e['args'][e['name']] for e in counter]
+
+
+def storage_growth_mb(run):
+    return max(storage_trace(run)) / 2 ** 20
 """
