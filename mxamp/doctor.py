@@ -193,6 +193,11 @@ def format_report(facts):
     >>> 'bfloat16 class' in format_report(collect(timing=False, probe=False))
     True
     """
+    return "\n".join(_machine_lines(facts) + _decision_lines(facts))
+
+
+def _machine_lines(facts):
+    """The report's lines on MXNet's build, the CPU and what ``import mxamp`` set."""
     b, c = facts["build"], facts["cpu"]
     on = [n for n, v in b["features"].items() if v]
     lines = ["mxamp %s doctor" % facts["mxamp"],
@@ -224,7 +229,12 @@ def format_report(facts):
             lines.append("  MISMATCH: the class says %r but oneDNN %s bfloat16 here; please "
                          "report this with the lines above" % (
                              c["bf16_class"], "ran" if o["gemm"] == "runs" else "refused"))
-    lines.append("What amp.init(target_dtype=...) computes here:")
+    return lines
+
+
+def _decision_lines(facts):
+    """The report's lines on what each target computes, the probe's rows and the timings."""
+    lines = ["What amp.init(target_dtype=...) computes here:"]
     for key, plan in facts["plans"].items():
         place, target = key.split("/")
         extra = ""
@@ -250,7 +260,7 @@ def format_report(facts):
                 lines.append("  %-46s float32 %8.2f   bfloat16 %8.2f   bf16 is %.2fx %s" % (
                     name, f32, b16, max(f32, b16) / min(f32, b16),
                     "faster" if b16 < f32 else "slower"))
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv=None):
