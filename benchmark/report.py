@@ -86,48 +86,63 @@ def _amx_text(features):
 
 def markdown(info, cells):
     """The report: machine, times with ratios, peak memory, overflow check, targets."""
-    bf16_class = info.get("bf16_class", "unknown")
-    lines = ["# mxamp benchmark", "",
-             "**CPU bfloat16 class: `%s`** (%s). What mxamp does on each class: README, "
-             "\"CPU classes\"." % (bf16_class, info.get("bf16_reason", "")), "",
-             "Machine: %s, %s cores (bf16 CPU flags: %s), kernel %s; Python %s, MXNet %s, "
-             "OMP_NUM_THREADS=%s. Run %s%s, %s repeat(s) per cell, %s min; load average %.1f "
-             "at the start, %.1f at the end." % (
-                 info.get("cpu"), info.get("cores"), ", ".join(info.get("bf16_flags", []))
-                 or "none", info.get("kernel"), info.get("python"), info.get("mxnet"),
-                 info.get("omp_num_threads"), info.get("date_utc"),
-                 " (--quick: tiny batches and 1 step, NOT representative)" if info.get("quick") else "",
-                 info.get("repeats"), info.get("suite_minutes"), info.get("loadavg_start", 0),
-                 info.get("loadavg_end", 0)),
-             "", _amx_text(info.get("mxamp_cpu_features")), "",
-             "Command: `%s`" % info.get("command", "python benchmark/run_all.py"), "",
-             "Each cell: median over fresh processes of each process's median step time (ms). "
+    quick = info.get("quick")
+    return "\n".join(_machine_lines(info) + _time_tables(cells, quick)
+                     + memory_tables(cells, quick) + _bookkeeping_tables(cells)
+                     + _target_lines(cells, info.get("bf16_class", "unknown"))) + "\n"
+
+
+def _machine_lines(info):
+    """The report's opening: the CPU's class, the machine, AMX, the command."""
+    return ["# mxamp benchmark", "",
+            "**CPU bfloat16 class: `%s`** (%s). What mxamp does on each class: README, "
+            "\"CPU classes\"." % (info.get("bf16_class", "unknown"), info.get("bf16_reason", "")),
+            "",
+            "Machine: %s, %s cores (bf16 CPU flags: %s), kernel %s; Python %s, MXNet %s, "
+            "OMP_NUM_THREADS=%s. Run %s%s, %s repeat(s) per cell, %s min; load average %.1f "
+            "at the start, %.1f at the end." % (
+                info.get("cpu"), info.get("cores"), ", ".join(info.get("bf16_flags", []))
+                or "none", info.get("kernel"), info.get("python"), info.get("mxnet"),
+                info.get("omp_num_threads"), info.get("date_utc"),
+                " (--quick: tiny batches and 1 step, NOT representative)"
+                if info.get("quick") else "",
+                info.get("repeats"), info.get("suite_minutes"), info.get("loadavg_start", 0),
+                info.get("loadavg_end", 0)),
+            "", _amx_text(info.get("mxamp_cpu_features")), "",
+            "Command: `%s`" % info.get("command", "python benchmark/run_all.py"), ""]
+
+
+def _time_tables(cells, quick):
+    """Step times with their ratios, then CPU time per step."""
+    lines = ["Each cell: median over fresh processes of each process's median step time (ms). "
              "Ratios > 1 mean mxamp is faster.", ""]
     header = ["workload"] + [title for _, title in COLUMNS] + \
         ["fp32 / mxamp", "reference / mxamp", "fp32 / mxamp auto", "fp32 / mxamp O2"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for name, title in _workload_rows(cells, info.get("quick")):
+    for name, title in _workload_rows(cells, quick):
         row = [title] + [_cell(cells.get((name, mode))) for mode, _ in COLUMNS]
-        row += [_ratio_text(ratio(cells, name, "fp32", "mxamp")),
-                _ratio_text(ratio(cells, name, "reference", "mxamp")),
-                _ratio_text(ratio(cells, name, "fp32", "mxamp_auto")),
-                _ratio_text(ratio(cells, name, "fp32", "mxamp_o2"))]
+        row += [_ratio_text(ratio(cells, name, top, bottom))
+                for top, bottom in (("fp32", "mxamp"), ("reference", "mxamp"),
+                                    ("fp32", "mxamp_auto"), ("fp32", "mxamp_o2"))]
         lines.append("| " + " | ".join(row) + " |")
 
     lines += ["", "CPU time per step (ms, all threads of the process; steadier than wall time on a "
               "loaded machine when OMP_NUM_THREADS=1):", "",
               "| workload | " + " | ".join(t for _, t in COLUMNS) + " | fp32 / mxamp |",
               "|" + "---|" * (len(COLUMNS) + 2)]
-    for name, title in _workload_rows(cells, info.get("quick")):
+    for name, title in _workload_rows(cells, quick):
         if name in INIT_TARGETS:
             continue
         row = [title] + [_cell(cells.get((name, mode)), "median_cpu_ms") for mode, _ in COLUMNS]
         top, bottom = (cells.get((name, m), {}).get("median_cpu_ms") for m in ("fp32", "mxamp"))
         row.append(_ratio_text(top / bottom if top and bottom else None))
         lines.append("| " + " | ".join(row) + " |")
+    return lines
 
-    lines += memory_tables(cells, info.get("quick"))
 
+def _bookkeeping_tables(cells):
+    """Import and first ``amp.init`` times, and the overflow check, where they ran."""
+    lines = []
     imports = [(INIT_TARGETS[name], mode, cells[(name, mode)]) for name in INIT_TARGETS
                for mode in ("reference", "mxamp")
                if cells.get((name, mode), {}).get("import_ms") is not None]
@@ -144,10 +159,14 @@ def markdown(info, cells):
         lines += ["", "AMP bookkeeping on ResNet-50's gradients (overflow check + unscale, "
                   "`benchmark/bench_overflow.py`):", "", "| implementation | median ms |", "|---|---|"]
         lines += ["| %s | %s |" % (mode, _cell(cell)) for mode, cell in overflow]
+    return lines
 
-    lines += ["", "Targets for a CPU of class `%s` (speedups: issue #5; float32-compute overhead: "
-              "issue #10):" % bf16_class, "", "| target | measured | required | met |",
-              "|---|---|---|---|"]
+
+def _target_lines(cells, bf16_class):
+    """Each target of the issues: measured, required, met."""
+    lines = ["", "Targets for a CPU of class `%s` (speedups: issue #5; float32-compute overhead: "
+             "issue #10):" % bf16_class, "", "| target | measured | required | met |",
+             "|---|---|---|---|"]
     for text, name, top, bottom, minimum in targets_for(bf16_class):
         value = ratio(cells, name, top, bottom)
         met = "n/a" if value is None else ("yes" if value >= minimum else "**no**")
@@ -164,7 +183,7 @@ def markdown(info, cells):
         met = "n/a" if value is None else ("yes" if value <= INIT_LIMIT_MS else "**no**")
         lines.append("| mxamp's first `amp.init('%s')` (issue #11) | %s | <= %.0f ms | %s |" % (
             target, "missing" if value is None else "%.1f ms" % value, INIT_LIMIT_MS, met))
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 #: Peak memory targets: (text, workload, mode, base mode, at most this ratio).
