@@ -148,6 +148,24 @@ def computes_in(mx):
     return "bfloat16" if dtype.names == ("bfloat16",) else dtype.name
 
 
+def _init_amp(args, on_gpu):
+    """``(the AMP module or None, the target dtype)``, after ``amp.init`` as ``args`` ask."""
+    if not args.amp:
+        return None, "float32"
+    if args.impl == "reference":
+        from mxnet.contrib import amp
+    else:
+        from mxamp import amp
+    target = args.target_dtype or ("amp.init()" if args.impl == "reference" else "auto")
+    if target == "auto":
+        target = "float16" if on_gpu else "bfloat16"
+    if target == "amp.init()":
+        amp.init()          # GluonCV's train_yolo3.py: `if args.amp: amp.init()`
+    else:
+        amp.init(target_dtype=target)
+    return amp, target
+
+
 def main(argv=None):
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -158,19 +176,7 @@ def main(argv=None):
 
     on_gpu = (args.device == "gpu"
               or (args.device == "auto" and mx.context.num_gpus() > 0))
-    amp, target = None, "float32"
-    if args.amp:
-        if args.impl == "reference":
-            from mxnet.contrib import amp
-        else:
-            from mxamp import amp
-        target = args.target_dtype or ("amp.init()" if args.impl == "reference" else "auto")
-        if target == "auto":
-            target = "float16" if on_gpu else "bfloat16"
-        if target == "amp.init()":
-            amp.init()          # GluonCV's train_yolo3.py: `if args.amp: amp.init()`
-        else:
-            amp.init(target_dtype=target)
+    amp, target = _init_amp(args, on_gpu)
     gcv.utils.random.seed(args.seed)
     ctx = [mx.gpu(0)] if on_gpu else [mx.cpu()]
 
