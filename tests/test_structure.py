@@ -6,6 +6,7 @@
   installed MXNet (the contract: a build that lacks one fails here, naming it); no other module
   touches a private name of MXNet.
 * ``amp.reset()`` clears every piece of process-wide state, and is safe under threads.
+* Functions keep to 60 lines and modules to 400, unless a module's docstring says why not.
 """
 import ast
 import json
@@ -92,6 +93,44 @@ def find_cycle(graph):
             if found:
                 return found
     return None
+
+
+#: Where the size rules hold: the package, the examples, the benchmarks and CI's scripts.
+#: Test modules are left out: each holds one unit's cases beside the helpers they share.
+SIZED_FOLDERS = ("mxamp", "example", "benchmark", "ci")
+MAX_FUNCTION_LINES, MAX_MODULE_LINES = 60, 400
+SIZE_REASON = "Why over 400 lines"
+
+
+def sized_files():
+    """Every Python file under :data:`SIZED_FOLDERS` (the benchmark's archived results out)."""
+    root = os.path.dirname(PACKAGE_DIR)
+    for folder in SIZED_FOLDERS:
+        for where, dirs, files in os.walk(os.path.join(root, folder)):
+            dirs[:] = [d for d in dirs if d not in ("results", "__pycache__")]
+            yield from (os.path.join(where, f) for f in sorted(files) if f.endswith(".py"))
+
+
+def test_functions_and_modules_keep_to_their_sizes():
+    """Counted from the source: a function from its ``def`` line to its last line, docstring
+    included; a module by its lines, unless its docstring gives the reason
+    (``mxamp/lists/common.py``: a data table, one entry per operator)."""
+    too_long = []
+    for path in sized_files():
+        with open(path) as f:
+            source = f.read()
+        tree = ast.parse(source)
+        rel = os.path.relpath(path, os.path.dirname(PACKAGE_DIR))
+        lines = source.count("\n")
+        if lines > MAX_MODULE_LINES and SIZE_REASON not in (ast.get_docstring(tree) or ""):
+            too_long.append("%s: %d lines" % (rel, lines))
+        too_long += ["%s:%d %s(): %d lines" % (rel, node.lineno, node.name,
+                                               node.end_lineno - node.lineno + 1)
+                     for node in ast.walk(tree)
+                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not too_long, "over %d lines a function or %d a module: %s" % (
+        MAX_FUNCTION_LINES, MAX_MODULE_LINES, "; ".join(too_long))
 
 
 def test_import_graph_has_no_cycle():
