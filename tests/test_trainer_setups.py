@@ -1,0 +1,135 @@
+"""The trainer set-ups users bring to AMP: kvstore placements that cannot skip a step (refused or
+moved off the kvstore, with their states), unscaling before clipping, checkpoints that resume
+the scale and its counters, and GluonCV's action-recognition order on a device kvstore (split
+from ``test_trainer.py``, whose helpers these tests share).
+"""
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import gluon
+
+from mxamp import amp
+from mxamp.training import trainer as amp_trainer
+from test_trainer import (CPU2, assert_identical, forward_backward, make_net, make_trainer,
+                          poison_grad, snapshot, train_step)
+
+
+def test_kvstore_configurations_that_cannot_skip_are_refused_or_fixed():
+    net = make_net(CPU2)
+    with pytest.raises(RuntimeError, match="async"):
+        amp.init_trainer(make_trainer(net, kvstore="dist_async"))
+    store = mx.kv.create("device")
+    trainer = make_trainer(net, kvstore=store, update_on_kvstore=True)
+    train_step(net, trainer, CPU2, use_amp=False)   # optimizer now lives in the kvstore
+    with pytest.raises(RuntimeError, match="update_on_kvstore=False"):
+        amp.init_trainer(trainer)
+    with pytest.warns(UserWarning, match="overridden"):
+        amp.init_trainer(make_trainer(net, kvstore="device", update_on_kvstore=True))
+    sparse = gluon.Parameter("embedding", shape=(10, 2), stype="row_sparse",
+                             grad_stype="row_sparse")
+    sparse.initialize()
+    with pytest.raises(RuntimeError, match="sparse weights"):
+        amp.init_trainer(gluon.Trainer([sparse], "sgd", kvstore="local"))
+
+
+def test_running_local_kvstore_is_moved_off_with_its_states():
+    """load_states (or a step) before init_trainer already started update_on_kvstore=True."""
+    net, ref = make_net(CPU2), make_net(CPU2)
+    trainer = make_trainer(net, kvstore="device")
+    ref_trainer = make_trainer(ref, kvstore="device", update_on_kvstore=False)
+    train_step(net, trainer, CPU2, use_amp=False)
+    train_step(ref, ref_trainer, CPU2, use_amp=False)
+    assert trainer._update_on_kvstore, "precondition: updates run inside the kvstore"
+    amp.init_trainer(trainer, init_scale=4.0)
+    before = snapshot(net, trainer)
+    train_step(net, trainer, CPU2, seed=4, poison=("grad", 1))
+    assert_identical(before, snapshot(net, trainer), "skip after moving off the kvstore")
+    for seed in (5, 6):
+        train_step(net, trainer, CPU2, seed=seed)
+        train_step(ref, ref_trainer, CPU2, seed=seed, use_amp=False)
+    for name, p in net.collect_params().items():
+        np.testing.assert_allclose(p.data().asnumpy(), ref.collect_params()[name].data().asnumpy(),
+                                   rtol=1e-6, atol=1e-7, err_msg="momentum must carry over")
+
+
+def test_unscale_once_then_clip_sees_true_gradients():
+    net, ref = make_net([mx.cpu(0)]), make_net([mx.cpu(0)])
+    trainer, ref_trainer = make_trainer(net), make_trainer(ref)
+    amp.init_trainer(trainer)
+    forward_backward(net, trainer, [mx.cpu(0)])
+    forward_backward(ref, ref_trainer, [mx.cpu(0)], use_amp=False)
+    norm, bad = amp_trainer.global_norm_and_overflow(trainer)
+    amp.unscale(trainer)
+    amp.unscale(trainer)                         # documented: the second call is a no-op
+    grads = [p.grad() for p in net.collect_params().values()]
+    ref_grads = [p.grad() for p in ref.collect_params().values()]
+    for g, r in zip(grads, ref_grads):
+        assert np.array_equal(g.asnumpy(), r.asnumpy()), "unscaled grads must be the true grads"
+    ref_norm = np.sqrt(sum(float((r.asnumpy().astype(np.float64) ** 2).sum()) for r in ref_grads))
+    assert not bad and norm == pytest.approx(ref_norm, rel=1e-5), (norm, ref_norm)
+    assert gluon.utils.clip_global_norm(grads, 0.1) == pytest.approx(ref_norm, rel=1e-5)
+    gluon.utils.clip_global_norm(ref_grads, 0.1)
+    trainer.step(4)
+    ref_trainer.step(4)
+    assert np.array_equal(net[0].weight.data().asnumpy(), ref[0].weight.data().asnumpy()), \
+        "after unscale the optimizer must not divide by the scale again"
+    poison_grad(net, 0)
+    assert amp_trainer.global_norm_and_overflow(trainer)[1], "inf must be reported"
+
+
+@pytest.mark.parametrize("order", ["load_then_init", "init_then_load"])
+def test_checkpoint_round_trip_resumes_scale_and_counters(tmp_path, order):
+    fname = str(tmp_path / "trainer.states")
+    net = make_net([mx.cpu(0)])
+    trainer = make_trainer(net)
+    amp.init_trainer(trainer, init_scale=1024.0, growth_interval=3)
+    for seed, poison in [(1, None), (2, ("loss", 0)), (3, None)]:
+        train_step(net, trainer, [mx.cpu(0)], seed=seed, poison=poison)
+    trainer.save_states(fname)
+    net.save_parameters(str(tmp_path / "net.params"))
+    resumed_net = make_net([mx.cpu(0)], seed=99)
+    resumed_net.load_parameters(str(tmp_path / "net.params"))
+    resumed = make_trainer(resumed_net)
+    if order == "load_then_init":
+        resumed.load_states(fname)
+        amp.init_trainer(resumed)
+    else:
+        amp.init_trainer(resumed)
+        resumed.load_states(fname)
+    original, restored = trainer._amp_loss_scaler, resumed._amp_loss_scaler
+    assert restored.state_dict() == original.state_dict(), "scale and counters must resume"
+    assert (restored.loss_scale, restored._unskipped, restored.skipped_steps) == (512.0, 1, 1)
+    for seed in (4, 5, 6):
+        train_step(net, trainer, [mx.cpu(0)], seed=seed)
+        train_step(resumed_net, resumed, [mx.cpu(0)], seed=seed)
+    assert restored.loss_scale == original.loss_scale == 1024.0, "grew at the same step"
+    assert np.array_equal(net[0].weight.data().asnumpy(), resumed_net[0].weight.data().asnumpy())
+    plain = make_trainer(make_net([mx.cpu(0)]))
+    plain.load_states(fname)                     # the file stays loadable without mxamp
+    assert plain._optimizer.num_update == trainer._optimizer.num_update - 3
+
+
+def test_gluoncv_recognizer_order_on_device_kvstore(tmp_path):
+    """load_states starts a 'device' kvstore with update_on_kvstore=True; init_trainer follows."""
+    fname = str(tmp_path / "device.states")
+    net = make_net(CPU2)
+    trainer = make_trainer(net, kvstore="device")
+    amp.init_trainer(trainer, init_scale=256.0)
+    train_step(net, trainer, CPU2, seed=1, poison=("grad", 1))
+    train_step(net, trainer, CPU2, seed=2)
+    trainer.save_states(fname)
+    resumed_net = make_net(CPU2, seed=8)
+    for name, p in resumed_net.collect_params().items():
+        p.set_data(net.collect_params()[name].data())
+    resumed = make_trainer(resumed_net, kvstore="device")
+    resumed.load_states(fname)
+    assert resumed._update_on_kvstore, "precondition: the loaded states live in the kvstore"
+    amp.init_trainer(resumed)
+    assert resumed._amp_loss_scaler.state_dict() == trainer._amp_loss_scaler.state_dict()
+    for seed in (3, 4):
+        train_step(net, trainer, CPU2, seed=seed)
+        train_step(resumed_net, resumed, CPU2, seed=seed)
+    for name, p in net.collect_params().items():
+        np.testing.assert_allclose(resumed_net.collect_params()[name].data().asnumpy(),
+                                   p.data().asnumpy(), rtol=1e-6, atol=1e-7,
+                                   err_msg="resumed run must continue like the original")
