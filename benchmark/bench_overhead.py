@@ -12,10 +12,11 @@ minutes), so ``run_all.py``'s medians cannot resolve it. This script measures in
 * converted inference: one process holds the float32 model and ``convert_hybrid_block``'s
   result and times their forward passes interleaved, so both see the same phase.
 
-* AMP's work itself: the computation under AMP is float32's, bit for bit (tests/test_devices.py),
-  so what AMP adds to a training step is its per-step overflow check (plus a few Python calls).
-  One process times the check on the workload's gradients interleaved with plain float32 steps:
-  its share of a step does not depend on the machine's phase.
+* AMP's work itself: the computation under AMP is float32's, bit for bit
+  (tests/test_float32_identity.py), so what AMP adds to a training step is its per-step
+  overflow check (plus a few Python calls). One process times the check on the workload's
+  gradients interleaved with plain float32 steps: its share of a step does not depend on the
+  machine's phase.
 
 It prints the median ratio (and the inter-quartile range) per workload, the check's share, and a
 RESULT line.

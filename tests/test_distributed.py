@@ -2,9 +2,10 @@
 
 Each test starts real processes (``mxamp.launch``: scheduler, server, 2 workers; or
 ``horovodrun --gloo``) running ``distributed_worker.py`` as the worker script (``python
-distributed_worker.py MODE ...``). Workers print one ``MXAMP-STEP {json}`` line per step and save their final
-parameters; the tests compare them between workers and with a single-process reference that
-sums the same per-worker gradients. Every launch has a time limit and stops what it started.
+distributed_worker.py MODE ...``). Workers print one ``MXAMP-STEP {json}`` line per step and
+save their final parameters; the tests compare them between workers and with a
+single-process reference that sums the same per-worker gradients. Every launch has a time
+limit and stops what it started.
 """
 import json
 import os

@@ -1,4 +1,5 @@
-"""The trainer set-ups users bring to AMP: kvstore placements that cannot skip a step (refused or
+"""The trainer set-ups users bring to AMP: the reference's attributes, a second init_trainer, bad
+input (refused, nothing changed), kvstore placements that cannot skip a step (refused or
 moved off the kvstore, with their states), unscaling before clipping, checkpoints that resume
 the scale and its counters, and GluonCV's action-recognition order on a device kvstore (split
 from ``test_trainer.py``, whose helpers these tests share).
@@ -10,8 +11,75 @@ from mxnet import gluon
 
 from mxamp import amp
 from mxamp.training import trainer as amp_trainer
+from mxamp.training.trainer_scaler import TrainerScaler
 from test_trainer import (CPU2, assert_identical, forward_backward, make_net, make_trainer,
                           poison_grad, snapshot, train_step)
+
+
+def test_reference_attributes_read_and_set():
+    net = make_net([mx.cpu(0)])
+    trainer = make_trainer(net)
+    amp.init_trainer(trainer, init_scale=64.0)
+    hook = trainer._amp_loss_scaler
+    hook._scale_seq_len = 2                       # Sockeye sets the growth interval
+    train_step(net, trainer, [mx.cpu(0)], seed=1)
+    assert hook._unskipped == 1
+    train_step(net, trainer, [mx.cpu(0)], seed=2)
+    assert (hook.loss_scale, hook._unskipped) == (128.0, 0), "grows after _scale_seq_len steps"
+    saved = (hook._loss_scale, hook._next_loss_scale, hook._unskipped)
+    hook._loss_scale, hook._next_loss_scale, hook._unskipped = 512.0, 1024.0, 1
+    with amp.scale_loss(mx.nd.array([1.0]), trainer) as scaled:
+        assert scaled.asscalar() == 1024.0, "_next_loss_scale is the scale of the next step"
+    train_step(net, trainer, [mx.cpu(0)], seed=3)
+    assert hook.loss_scale == 2048.0, "_unskipped=1 + one clean step reaches the interval"
+    hook._max_loss_scale = 100.0
+    assert hook.loss_scale == 100.0, "lowering _max_loss_scale clamps the scale"
+    assert saved == (128.0, 128.0, 0)
+    with pytest.raises(ValueError, match="_scale_seq_len"):
+        hook._scale_seq_len = 0
+
+
+def test_init_trainer_twice_keeps_the_learning_rate():
+    nets = [make_net([mx.cpu(0)]) for _ in range(2)]
+    trainers = [make_trainer(n) for n in nets]
+    for t in trainers:
+        amp.init_trainer(t)
+    train_step(nets[1], trainers[1], [mx.cpu(0)])
+    train_step(nets[0], trainers[0], [mx.cpu(0)])
+    hook = amp_trainer.loss_scaler(trainers[1])
+    assert isinstance(hook, TrainerScaler) and hook is trainers[1]._amp_loss_scaler
+    assert amp.init_trainer(trainers[1]) is hook, "no keywords: the same scaler"
+    amp.init_trainer(trainers[1], init_scale=2.0 ** 16)
+    assert trainers[1]._amp_original_scale == 1.0, "the original rescale must be kept"
+    for n, t in zip(nets, trainers):
+        train_step(n, t, [mx.cpu(0)], seed=5)
+    assert np.array_equal(nets[0][0].weight.data().asnumpy(), nets[1][0].weight.data().asnumpy()), \
+        "a second init_trainer must not change the effective learning rate"
+
+
+def test_clear_errors_for_bad_input():
+    net = make_net([mx.cpu(0)])
+    trainer = make_trainer(net)
+    with pytest.raises(RuntimeError, match="amp.init_trainer"):
+        with amp.scale_loss(mx.nd.ones((1,)), trainer):
+            pass
+    with pytest.raises(RuntimeError, match="amp.init_trainer"):
+        amp.unscale(trainer)
+    with pytest.raises(RuntimeError, match="amp.init_trainer"):
+        amp_trainer.global_norm_and_overflow(trainer)
+    with pytest.raises(TypeError, match="got dict"):
+        amp.init_trainer({"trainer": trainer})      # GluonCV siamrpn passes a dict
+    with pytest.raises(TypeError, match="not the optimizer"):
+        amp.init_trainer(trainer._optimizer)
+    with pytest.raises(TypeError, match="unknown keyword.*loss_scale"):
+        amp.init_trainer(trainer, loss_scale=8.0)
+    with pytest.raises(ValueError, match="growth_factor"):
+        amp.init_trainer(trainer, growth_factor=0.5)
+    with pytest.raises(ValueError, match="target_dtype"):
+        amp.init_trainer(trainer, target_dtype="int8")
+    assert not hasattr(trainer, "_amp_loss_scaler"), "a rejected call must change nothing"
+    assert trainer._kvstore_params["update_on_kvstore"] is None
+
 
 
 def test_kvstore_configurations_that_cannot_skip_are_refused_or_fixed():
