@@ -16,6 +16,15 @@ SOFTMAX_OUTPUT = {mx.nd: wrap_loss_output(mx.nd.SoftmaxOutput, "SoftmaxOutput", 
                   mx.sym: wrap_loss_output(mx.sym.SoftmaxOutput, "SoftmaxOutput", True)}
 
 
+def _backward(out, trainer, use_amp):
+    """Backward from ``out``, through AMP's loss scaling where ``use_amp``."""
+    if use_amp:
+        with amp.scale_loss(out, trainer) as scaled:
+            autograd.backward(scaled)
+    else:
+        autograd.backward(out)
+
+
 class SoftmaxNet(gluon.HybridBlock):
     def __init__(self, wrapped, **kwargs):
         super().__init__(**kwargs)
@@ -45,12 +54,7 @@ def test_loss_output_gradient_follows_the_scale(hybridize):
             x = mx.nd.array(rng.randn(8, 4))
             label = mx.nd.array(rng.randint(0, 3, size=8))
             with autograd.record():
-                out = net(x, label)
-                if use_amp:
-                    with amp.scale_loss(out, trainer) as scaled:
-                        autograd.backward(scaled)
-                else:
-                    autograd.backward(out)
+                _backward(net(x, label), trainer, use_amp)
             trainer.step(8)
         if use_amp:
             assert trainer._amp_loss_scaler.loss_scale == 2.0 ** 14, "scale grew twice"
@@ -90,12 +94,7 @@ def test_under_amp_init_float16_softmax_output_trains_like_fp32(amp_off, hybridi
             if use_amp and step == 2:
                 x[0, 0] = INF    # SoftmaxOutput ignores head gradients: poison the input
             with autograd.record():
-                out = net(x, label)
-                if use_amp:
-                    with amp.scale_loss(out, trainer) as scaled:
-                        autograd.backward(scaled)
-                else:
-                    autograd.backward(out)
+                _backward(net(x, label), trainer, use_amp)
             if use_amp or step != 2:
                 trainer.step(8)
         return net.dense.weight.data().asnumpy(), trainer
