@@ -219,17 +219,16 @@ print(json.dumps({"peak": max(values), "end": values[-1], "batch": x.shape[0],
 """
 
 
-def step_storage(tmp_path, how, steps_before):
+def step_storage(how, steps_before):
     """What MXNet's storage counter saw during one O2 step after ``steps_before`` steps."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
     out = subprocess.run([sys.executable, "-c", STEP_STORAGE,
                           os.path.dirname(os.path.abspath(__file__)), how, str(steps_before)],
-                         capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_an_o2_step_allocates_at_most_one_float32_buffer(tmp_path):
+def test_an_o2_step_allocates_at_most_one_float32_buffer():
     """A steady-state O2 step (forward, backward, finite check, update) grows MXNet's storage
     (its profiler's ``Memory: cpu/0`` counter: every allocation and free) by no more than
     the activations and one float32 copy of the largest parameter.
@@ -238,7 +237,7 @@ def test_an_o2_step_allocates_at_most_one_float32_buffer(tmp_path):
     peaks 0.03 MB above its start (the static graph keeps its activations between steps).
     Casting every gradient to float32 at once (mxamp before issue #25) peaked at 1.52 MB:
     4 B x 397 k parameters."""
-    row = step_storage(tmp_path, "o2 only", steps_before=2)
+    row = step_storage("o2 only", steps_before=2)
     largest = row["largest"] * 4
     activations = 8 * row["batch"] * 256 * 4          # a generous bound: 8 float32 layers
     everything = row["count"] * 4
@@ -249,14 +248,14 @@ def test_an_o2_step_allocates_at_most_one_float32_buffer(tmp_path):
     assert row["end"] <= activations, "the step left %.2f MB allocated" % (row["end"] / 2**20)
 
 
-def test_o2_under_amp_init_holds_no_copy_of_the_weights(tmp_path):
+def test_o2_under_amp_init_holds_no_copy_of_the_weights():
     """O2 as documented (amp.init, then cast_model): the first hybridized training step
     allocates what it allocates without amp.init. A graph variable that still declared
     float32 made MXNet hold a copy of every bfloat16 weight and of its gradient (measured on
     the Zen 4: 5.05 MB against 3.53 MB, twice this MLP's 0.76 MB of bfloat16 weights; +88 MB
     on a 23 M-parameter one). Both measure 3.5 MB now."""
     alone, under_init = map_side_by_side(   # storage counts, not times
-        lambda how: step_storage(tmp_path / how.replace(" ", "_"), how, steps_before=0),
+        lambda how: step_storage(how, steps_before=0),
         ["o2 only", "amp.init"])
     weights = alone["count"] * 2
     assert under_init["peak"] <= alone["peak"] + weights // 4, (

@@ -378,8 +378,8 @@ def cpu_features():
                                         platform.machine())
         in_effect, check = False, ""
         if bf16_class == "amx":
-            in_effect, check = amx_in_effect(found.amx_enabled and
-                                                  not found.mxnet_imported_first)
+            in_effect, check = amx_in_effect(
+                found.amx_enabled and not found.mxnet_imported_first)
             if not in_effect:
                 bf16_class, why = classify_bf16(flags, None, False, True, platform.machine())
                 why = "AMX asked for but not in effect (%s); %s" % (check, why)
