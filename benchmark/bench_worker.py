@@ -4,6 +4,10 @@
 choice are process-wide and cannot be undone. Modes:
 
 - ``fp32``: the unchanged model.
+- ``fp32_mxamp_imported``: the same after ``import mxamp`` (no ``amp.init``): the MXNet
+  settings mxamp makes at import (``mxamp.doctor`` lists them: graph memory plans, the C
+  heap, ...) hold for float32 work too, so this is the float32 that a float32-compute mode of
+  mxamp is held against (issue #25: within 2%).
 - ``reference``: ``mxnet.contrib.amp`` (bf16); mxamp is never imported, so no AMX.
 - ``reference_amx``: the same, after granting AMX by hand (arch_prctl + DNNL_MAX_CPU_ISA): what
   the reference could reach on this CPU. Skipped where the CPU/kernel has no AMX.
@@ -13,7 +17,11 @@ choice are process-wide and cannot be undone. Modes:
   natively, float32 compute (AMP, loss scaler and skipping still on) elsewhere.
 - ``mxamp_tuned``: ``amp.tune`` on the model and batch (training: forward+backward; inference:
   forward) picks the fastest policy not slower than float32 and applies it; the chosen policy
-  and the tuning time are reported.
+  and the tuning time are reported; with ``--policy PATH`` the policy is saved there.
+- ``mxamp_as_tuned``: no tuning: the policy a ``mxamp_tuned`` process saved (``--policy PATH``)
+  put in force where tuning would have put it (``amp.init(policy=...)``, or
+  ``convert_hybrid_block`` with its arguments). Side by side with that process, it shows what
+  tuning itself left in memory (issue #25: at most 5% above this run).
 - ``mxamp_o2``: mxamp's O2 mode as documented: ``amp.init`` (routes ops that ``hybrid_forward``
   calls directly, e.g. ``F.batch_dot``, to float32) + ``amp.cast_model`` (bf16 parameters, fp32
   master weights in the trainer).
@@ -40,7 +48,10 @@ sys.path.insert(1, os.path.dirname(HERE))  # the repo root, for `import mxamp`
 import memory_account  # noqa: E402
 from workloads import INIT_TARGETS, WORKLOADS, build_model, make_batch, make_loss  # noqa: E402
 
-MODES = ("fp32", "reference", "reference_amx", "mxamp", "mxamp_auto", "mxamp_tuned", "mxamp_o2")
+MODES = ("fp32", "fp32_mxamp_imported", "reference", "reference_amx", "mxamp", "mxamp_auto",
+         "mxamp_tuned", "mxamp_as_tuned", "mxamp_o2")
+#: Modes whose AMP is put in force after the model is built, by a policy.
+POLICY_MODES = ("mxamp_tuned", "mxamp_as_tuned")
 TARGET = "bfloat16"
 #: The target_dtype each mode asks AMP for.
 TARGETS = {"mxamp_auto": "auto"}
@@ -70,7 +81,7 @@ def amp_module(mode):
     if mode in ("reference", "reference_amx"):
         from mxnet.contrib import amp
         return amp
-    if mode in ("mxamp", "mxamp_auto", "mxamp_tuned", "mxamp_o2"):
+    if mode.startswith("mxamp"):
         from mxamp import amp
         return amp
     return None
@@ -114,7 +125,7 @@ def build_yolo_train_step(workload, mode, quick):
     import mxnet as mx
     from mxnet import autograd, gluon
     amp = amp_module(mode)
-    if amp is not None and mode != "mxamp_tuned":
+    if amp is not None and mode not in POLICY_MODES:
         amp.init(target_dtype=target_of(mode))
     net, data, targets = _yolo_batch(workload, quick)
     if mode == "mxamp_o2":
@@ -125,8 +136,8 @@ def build_yolo_train_step(workload, mode, quick):
 
     def total(outs):
         return sum(outs[:4])
-    if mode == "mxamp_tuned":
-        TUNED.update(_tune(amp, net, (data,) + tuple(targets), total, train=True))
+    if mode in POLICY_MODES:
+        TUNED.update(_tune(amp, net, (data,) + tuple(targets), total, train=True, mode=mode))
     if amp is not None:
         amp.init_trainer(trainer)
 
@@ -152,7 +163,7 @@ def build_train_step(workload, mode, quick):
     if workload.model.startswith("yolo3"):
         return build_yolo_train_step(workload, mode, quick)
     amp = amp_module(mode)
-    if amp is not None and mode != "mxamp_tuned":
+    if amp is not None and mode not in POLICY_MODES:
         amp.init(target_dtype=target_of(mode))  # before the model is built, as users do
     net = build_model(workload)
     net.initialize(mx.init.Xavier(magnitude=2.0), ctx=mx.cpu())
@@ -163,8 +174,9 @@ def build_train_step(workload, mode, quick):
         net = o2_cast(net, data)
     trainer = gluon.Trainer(net.collect_params(), "sgd", optimizer_args, update_on_kvstore=False)
     net.hybridize()
-    if mode == "mxamp_tuned":
-        TUNED.update(_tune(amp, net, data, lambda out: loss_fn(out, label), train=True))
+    if mode in POLICY_MODES:
+        TUNED.update(_tune(amp, net, data, lambda out: loss_fn(out, label), train=True,
+                           mode=mode))
     if amp is not None:
         amp.init_trainer(trainer)
     batch_size = data.shape[0]
@@ -195,11 +207,10 @@ def build_infer_step(workload, mode, quick):
     amp = amp_module(mode)
     if mode == "mxamp_o2":
         raise Skip("O2 is a training mode")
-    if mode == "mxamp_tuned":
-        TUNED.update(_tune(amp, net, data, None, train=False))
+    if mode in POLICY_MODES:
+        TUNED.update(_tune(amp, net, data, None, train=False, mode=mode, apply=False))
         policy = TUNED.pop("_policy")
         if policy.target != "float32":
-            amp.reset()
             net = amp.convert_hybrid_block(net, ctx=mx.cpu(), **policy.convert_kwargs())
     elif amp is not None:
         net = amp.convert_hybrid_block(net, target_dtype=target_of(mode), ctx=mx.cpu())
@@ -216,9 +227,25 @@ def build_infer_step(workload, mode, quick):
 TUNED = {}
 
 
-def _tune(amp, net, data, loss_fn, train):
+#: ``--policy``: where ``mxamp_tuned`` saves its policy and ``mxamp_as_tuned`` reads it.
+POLICY_FILE = []
+
+
+def _tune(amp, net, data, loss_fn, train, mode, apply=True):
+    """``mxamp_tuned``: ``amp.tune`` (the policy saved where ``--policy`` says);
+    ``mxamp_as_tuned``: the saved policy, put in force as ``amp.tune`` would have."""
     start = time.perf_counter()
-    policy = amp.tune(net, data, loss_fn=loss_fn, train=train, report=sys.stderr)
+    if mode == "mxamp_as_tuned":
+        if not POLICY_FILE or not os.path.exists(POLICY_FILE[0]):
+            raise Skip("mxamp_as_tuned needs --policy, the file a mxamp_tuned run saved")
+        policy = amp.Policy.load(POLICY_FILE[0])
+        if apply and policy.target != "float32":
+            amp.init(policy=policy)
+    else:
+        policy = amp.tune(net, data, loss_fn=loss_fn, train=train, report=sys.stderr,
+                          apply=apply)
+        if POLICY_FILE:
+            policy.save(POLICY_FILE[0])
     return {"policy": policy.name, "tune_ms": (time.perf_counter() - start) * 1e3,
             "_policy": policy}
 
@@ -240,6 +267,8 @@ def time_amp_init(mode, target):
 def measure(workload_name, mode, quick, steps, warmup):
     """Runs the measurement; returns the RESULT dict (times in milliseconds)."""
     result = {"workload": workload_name, "mode": mode, "quick": quick}
+    if mode == "fp32_mxamp_imported":
+        import mxamp  # noqa: F401  (its import-time settings, nothing else)
     if mode == "reference_amx":
         grant_amx_by_hand()
     if mode.startswith("mxamp") and workload_name not in INIT_TARGETS:  # those time the import
@@ -293,7 +322,10 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="tiny batches (smoke test)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    parser.add_argument("--policy", help="JSON file: mxamp_tuned saves its policy there, "
+                        "mxamp_as_tuned reads it")
     args = parser.parse_args(argv)
+    POLICY_FILE[:] = [args.policy] if args.policy else []
     try:
         result = measure(args.workload, args.mode, args.quick, args.steps, args.warmup)
         code = 0

@@ -1,10 +1,11 @@
 """Turns the suite's summarized cells into the Markdown report and the PNG bar chart."""
 from workloads import INIT_LIMIT_MS, INIT_TARGETS, WORKLOADS
 
-COLUMNS = (("fp32", "fp32"), ("reference", "reference bf16"),
+COLUMNS = (("fp32", "fp32"), ("fp32_mxamp_imported", "fp32 after `import mxamp`"),
+           ("reference", "reference bf16"),
            ("reference_amx", "reference bf16 + AMX by hand"), ("mxamp", "mxamp bf16"),
            ("mxamp_auto", "mxamp auto"), ("mxamp_tuned", "mxamp tuned (policy)"),
-           ("mxamp_o2", "mxamp O2"))
+           ("mxamp_as_tuned", "mxamp untuned, tuned's policy"), ("mxamp_o2", "mxamp O2"))
 # (name, workload, numerator mode, denominator mode, minimum ratio)
 SPEED_TARGETS = (
     ("MLP training, fp32 / mxamp", "mlp_train", "fp32", "mxamp", 2.0),
@@ -197,16 +198,27 @@ MEMORY_TARGETS = tuple(
     ("ResNet-50 training, mxamp / reference peak memory", "resnet50_train", "mxamp",
      "reference", 1.0),
     ("ResNet-50 converted inference, mxamp / fp32 peak memory", "resnet50_infer", "mxamp",
-     "fp32", 1.0))
+     "fp32", 1.0)) + tuple(
+    ("%s, tuned / untuned of the same policy, peak memory" % title, name, "mxamp_tuned",
+     "mxamp_as_tuned", 1.05)
+    for name, title in (("mlp_train", "MLP training"), ("resnet50_train", "ResNet-50 training"),
+                        ("mobilenet_train", "MobileNet training"),
+                        ("transformer_train", "Transformer block training"),
+                        ("resnet50_infer", "ResNet-50 converted inference")))
 MEMORY_RATIOS = (("mxamp / fp32", "mxamp", "fp32"), ("mxamp / reference", "mxamp", "reference"),
                  ("auto / fp32", "mxamp_auto", "fp32"), ("tuned / fp32", "mxamp_tuned", "fp32"),
+                 ("tuned / untuned, same policy", "mxamp_tuned", "mxamp_as_tuned"),
                  ("O2 / fp32", "mxamp_o2", "fp32"))
 ACCOUNT_MODES = (("fp32", "fp32"), ("reference", "reference bf16"), ("mxamp", "mxamp bf16"),
                  ("mxamp_o2", "mxamp O2"))
 
 
 def memory_ratio(cells, workload, mode, base, key="maxrss_mb"):
-    """``mode``'s memory over ``base``'s (< 1: mxamp holds less), or None."""
+    """``mode``'s memory over ``base``'s (< 1: mxamp holds less), or None. Tuned over untuned
+    is taken process by process (run_all's ``peak_over_untuned``): two tuned processes may
+    choose different policies, and each is held against the twin that ran its own."""
+    if (mode, base, key) == ("mxamp_tuned", "mxamp_as_tuned", "maxrss_mb"):
+        return cells.get((workload, mode), {}).get("peak_over_untuned")
     top, bottom = (cells.get((workload, m), {}).get(key) for m in (mode, base))
     return top / bottom if top and bottom else None
 

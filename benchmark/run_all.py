@@ -24,9 +24,11 @@ sys.path.insert(0, HERE)
 import report  # noqa: E402
 from workloads import WORKLOADS  # noqa: E402
 
-TRAIN_MODES = ("fp32", "reference", "reference_amx", "mxamp", "mxamp_auto", "mxamp_tuned",
-               "mxamp_o2")
-INFER_MODES = ("fp32", "reference", "reference_amx", "mxamp", "mxamp_auto", "mxamp_tuned")
+TRAIN_MODES = ("fp32", "fp32_mxamp_imported", "reference", "reference_amx", "mxamp",
+               "mxamp_auto", "mxamp_tuned", "mxamp_as_tuned", "mxamp_o2")
+INFER_MODES = TRAIN_MODES[:-1]
+#: This mode runs right after each mxamp_tuned process, with the policy that process chose.
+AS_TUNED = "mxamp_as_tuned"
 INIT_MODES = ("reference", "mxamp")
 # (timed steps, warmup steps) per workload at full size; --quick uses (2, 1).
 STEPS = {"mlp_train": (10, 3), "resnet18_train": (10, 3), "resnet50_train": (3, 1),
@@ -99,22 +101,37 @@ def run_suite(args):
     runs = []  # every child's RESULT dict
     for name, modes in rows:
         steps, warmup = (1, 1) if args.quick else STEPS.get(name, (1, 0))
+        turns = tuple(m for m in modes if m != AS_TUNED)
         for repeat in range(args.repeats):
-            shift = repeat % len(modes)
-            for mode in modes[shift:] + modes[:shift]:
+            shift = repeat % len(turns)
+            for mode in turns[shift:] + turns[:shift]:
                 cmd = [sys.executable, os.path.join(HERE, "bench_worker.py"), name, mode,
                        "--steps", str(steps), "--warmup", str(warmup)]
                 if args.quick:
                     cmd.append("--quick")
-                result = run_child(cmd, args.timeout)
-                result.update(workload=name, mode=mode, repeat=repeat)
-                runs.append(result)
-                print("%-18s %-14s #%d %-6s %s" % (name, mode, repeat, result["status"],
-                      "%.1f ms" % result["median_ms"] if result["status"] == "ok"
-                      else result.get("error", "")), flush=True)
+                followers = [mode]
+                if mode == "mxamp_tuned" and AS_TUNED in modes:
+                    # the untuned run of the policy this process chooses comes next
+                    policy_file = os.path.join(args.out, "policy-%s-%d.json" % (name, repeat))
+                    cmd += ["--policy", policy_file]
+                    followers.append(AS_TUNED)
+                for follower in followers:
+                    runs.append(_run_mode(cmd, follower, name, repeat, args.timeout))
     if not args.only or "overflow" in args.only:
         runs.extend(run_overflow(args))
     return runs
+
+
+def _run_mode(cmd, mode, name, repeat, timeout):
+    """One measurement process of ``cmd`` with its mode set to ``mode``, printed as it ends."""
+    cmd = list(cmd)
+    cmd[3] = mode
+    result = run_child(cmd, timeout)
+    result.update(workload=name, mode=mode, repeat=repeat)
+    print("%-18s %-14s #%d %-6s %s" % (name, mode, repeat, result["status"],
+          "%.1f ms" % result["median_ms"] if result["status"] == "ok"
+          else result.get("error", "")), flush=True)
+    return result
 
 
 # bench_overflow.py's row names -> the report's modes (other rows keep their own names).
@@ -199,7 +216,23 @@ def summarize(runs):
         else:
             cell["status"] = "ok"
         cells[key] = cell
+    _pair_tuned_runs(runs, cells)
     return cells
+
+
+def _pair_tuned_runs(runs, cells):
+    """Each tuned process's peak over its untuned twin's (``mxamp_as_tuned``, the same policy,
+    the process after it): the highest such ratio goes in the tuned cell."""
+    ratios = []
+    for tuned in runs:
+        twin = next((r for r in runs if r["mode"] == AS_TUNED and r.get("status") == "ok"
+                     and (r["workload"], r["repeat"]) == (tuned["workload"], tuned["repeat"])),
+                    None)
+        if tuned["mode"] == "mxamp_tuned" and tuned.get("status") == "ok" and twin:
+            ratios.append((tuned["workload"], tuned["maxrss_mb"] / twin["maxrss_mb"]))
+    for workload in {w for w, _ in ratios}:
+        cells[(workload, "mxamp_tuned")]["peak_over_untuned"] = max(
+            r for w, r in ratios if w == workload)
 
 
 def machine_info():
@@ -250,6 +283,7 @@ def main(argv=None):
     args.timeout = args.timeout or (240 if args.quick else 900)
 
     info = machine_info()
+    os.makedirs(args.out, exist_ok=True)   # mxamp_tuned saves its policies there
     started = time.time()
     runs = run_suite(args)
     info.update(loadavg_end=os.getloadavg()[0], suite_minutes=round((time.time() - started) / 60, 1),
@@ -258,7 +292,6 @@ def main(argv=None):
     features = [r["cpu_features"] for r in runs if r.get("cpu_features")]
     info["mxamp_cpu_features"] = features[0] if features else None
     cells = summarize(runs)
-    os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "latest.json"), "w") as f:
         json.dump({"machine": info, "runs": runs,
                    "cells": {"%s/%s" % k: v for k, v in cells.items()}}, f, indent=1)
