@@ -41,6 +41,18 @@ MXNet's graphs share and free storage is :mod:`mxamp.backend.graph_memory`'s.
   follows (``amp.tune``'s trials in the process), the process stays as large as its largest
   trial. glibc's ``malloc_trim`` returns the free pages; elsewhere (musl, macOS) this does
   nothing.
+* :func:`release_before_first_call` (a converted model's first call): the same, where
+  ``MXAMP_TRIM_HEAP`` is not ``0``. ``net = amp.convert_hybrid_block(net)`` drops the source
+  model, whose float32 parameters and gradients go back to glibc's heap, and the converted
+  model's first call plans all its buffers at once (``static_alloc``), in sizes those blocks
+  do not fit: the process then holds both. 24 Dense(1024) layers: resident memory after the
+  first call was 264 MB above the start, 60 with the release (the converted parameters are
+  48). Converted ResNet-50 inference (batch 8, ``benchmark/run_all.py``, two processes a
+  cell, Zen 4): the peak 575-578 MB in bfloat16, against 588-590 before; under
+  ``DNNL_MAX_CPU_ISA=AVX2`` (float32 compute) 602 against 683-685, where float32 after
+  ``import mxamp`` peaks at 621 (``benchmark/results/native-amd-epyc-zen4/
+  converted-first-call/``). In a script, what stays resident after six calls: 381-392 MB
+  against 589-598.
 * :func:`trim_after_forward` (``amp.scale_loss`` on the CPU): the same, between forward and
   backward, on the steps where the process's resident peak grew by more than
   :data:`PEAK_GROWTH` since the last trim (``MXAMP_TRIM_HEAP`` unset), on every step (``1``),
@@ -71,6 +83,8 @@ import ctypes.util
 import gc
 import platform
 import resource
+
+import mxnet as mx
 
 from mxamp.backend import env
 from mxamp.backend.cpu import ONEDNN_SWITCH_ENV, classify_bf16, onednn_isa_cap
@@ -220,6 +234,22 @@ def release_free_memory():
     gc.collect()
     trim = _malloc_trim()
     return bool(trim is not None and trim(0))
+
+
+def release_before_first_call(environ=None):
+    """:func:`release_free_memory` unless ``MXAMP_TRIM_HEAP`` is ``0`` (the module's
+    docstring: what a model that a conversion replaced leaves in the heap); True if trimmed.
+
+    >>> release_before_first_call(environ={'MXAMP_TRIM_HEAP': '0'})
+    False
+    """
+    if trim_policy(environ) == NEVER:
+        return False
+    gc.collect()
+    # MXNet frees an array's storage on its engine's thread, after the last reference went
+    # (under DNNL_MAX_CPU_ISA=AVX2, 1 of 5 processes trimmed before the source was freed)
+    mx.nd.waitall()
+    return release_free_memory()
 
 
 #: The default trims when the process's resident peak grew by more than this share since

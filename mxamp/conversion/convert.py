@@ -290,7 +290,10 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
     ``'resnetv10_conv0_fwd'``, see ``mxamp.conversion.precision_pass.graph_nodes`` of the traced graph).
     The block returned is an inference model: its parameters have ``grad_req='null'`` (no
     gradient buffers; set ``p.grad_req = 'write'`` to fine-tune it) and it is hybridized with
-    ``static_alloc=True``.
+    ``static_alloc=True``. Its first call gives the C heap's free pages back before it plans
+    its buffers, so that a source model dropped by ``net = convert_hybrid_block(net)`` does
+    not stay resident beside it (``mxamp.backend.heap.release_before_first_call``;
+    ``MXAMP_TRIM_HEAP=0`` skips it).
 
     >>> net = mx.gluon.nn.Dense(2, in_units=3)
     >>> net.initialize()

@@ -17,6 +17,7 @@ from mxamp.backend.mxnet_private import BlockView, ParamView
 from mxamp.runtime.casting import cast
 from mxamp.runtime.hooks import dropped_graph_inputs, graph_is_stale
 from mxamp.backend.graphs import param_dtypes
+from mxamp.backend.heap import release_before_first_call
 
 _LOG = logging.getLogger(__name__)
 
@@ -33,12 +34,18 @@ class ConvertedBlock(SymbolBlock):
     #: Why this block cannot compute on a CPU ('' where it can): a float16 conversion made for
     #: a CPU context exports for a GPU server, and refuses to run here.
     cannot_run_on_cpu = ""
+    #: Whether the block has been called: the first call gives the C heap's free pages back
+    #: first (``heap.release_before_first_call``: what the model it replaced left there).
+    called = False
 
     def forward(self, x, *args):
         """SymbolBlock's forward, after the check of :attr:`cannot_run_on_cpu`."""
         if self.cannot_run_on_cpu and getattr(getattr(x, "context", None), "device_type",
                                                "") == "cpu":
             raise RuntimeError(self.cannot_run_on_cpu)
+        if not self.called:
+            self.called = True
+            release_before_first_call()
         return super().forward(x, *args)
 
     def export(self, path, epoch=0, remove_amp_cast=False):
