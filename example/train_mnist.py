@@ -194,8 +194,7 @@ def train_one(run, dtype="bfloat16", impl="mxamp", epochs=3, batch_size=64, lr=0
     if run == "tuned":
         tune_seconds = _tune(amp, net, loss_fn, (x_train, y_train), batch_size, dtype, ctx,
                              progress)
-    steps_per_epoch = (len(x_train) + batch_size - 1) // batch_size
-    trainer = _make_trainer(net, run, amp, lr, epochs * steps_per_epoch)
+    trainer = _make_trainer(net, run, amp, lr, epochs * _steps_per_epoch(x_train, batch_size))
     history = _train_epochs(net, trainer, amp, loss_fn, (x_train, y_train), ctx, run,
                             epochs=epochs, batch_size=batch_size, seed=seed, progress=progress)
     accuracy = evaluate(net, x_test, y_test, ctx)
@@ -214,6 +213,11 @@ def _tune(amp, net, loss_fn, train, batch_size, dtype, ctx, progress):
     seconds = time.perf_counter() - start
     amp.init(policy=policy)
     return seconds
+
+
+def _steps_per_epoch(x_train, batch_size):
+    """Batches in one pass over ``x_train``, the last one short where it does not divide."""
+    return (len(x_train) + batch_size - 1) // batch_size
 
 
 def _make_trainer(net, run, amp, lr, total_steps):
@@ -242,7 +246,7 @@ def _train_epochs(net, trainer, amp, loss_fn, train, ctx, run, epochs, batch_siz
     import mxnet as mx
     from tqdm import tqdm
     x_train, y_train = train
-    steps_per_epoch = (len(x_train) + batch_size - 1) // batch_size
+    steps_per_epoch = _steps_per_epoch(x_train, batch_size)
     history = {"losses": [], "scales": [], "epoch_seconds": [], "skipped": 0}
     order_rng = np.random.RandomState(seed)
     for epoch in range(epochs):

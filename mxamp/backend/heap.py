@@ -84,8 +84,6 @@ import gc
 import platform
 import resource
 
-import mxnet as mx
-
 from mxamp.backend import env
 from mxamp.backend.cpu import ONEDNN_SWITCH_ENV, classify_bf16, onednn_isa_cap
 
@@ -245,6 +243,7 @@ def release_before_first_call(environ=None):
     """
     if trim_policy(environ) == NEVER:
         return False
+    import mxnet as mx   # here: import mxamp loads this module before MXNet, to set its variables
     gc.collect()
     # MXNet frees an array's storage on its engine's thread, after the last reference went
     # (under DNNL_MAX_CPU_ISA=AVX2, 1 of 5 processes trimmed before the source was freed)
