@@ -41,8 +41,11 @@ backward segments.
   about 2% of the step (2432 against 2478 ms under ``amp.init``, 2434 against 2491 under O2)
   and saved 0-10 MB, so graphs with convolutions keep MXNet's segments
   (``benchmark/results/native-amd-epyc-zen4/backward-segments-de53e48.md``). A GPU waits for
-  its stream at the end of each segment, so graphs whose inputs are not on the CPU keep them
-  too.
+  its stream at the end of each segment (MXNet 1.9's ``PushFCompute``,
+  ``src/imperative/imperative_utils.h``, waits after every operator that does not run in a
+  bulk segment), so segments of one would stall a GPU's queue at every operator; graphs
+  whose inputs are not on the CPU keep MXNet's segments (unmeasured on a GPU: this
+  project's machines have none). Everything else above holds on a GPU as on the CPU.
 """
 from mxamp.backend import env
 
