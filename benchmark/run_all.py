@@ -100,33 +100,29 @@ def run_suite(args):
     rows = plan(args.only, args.modes)
     runs = []  # every child's RESULT dict
     for name, modes in rows:
-        steps, warmup = (1, 1) if args.quick else STEPS.get(name, (1, 0))
-        turns = tuple(m for m in modes if m != AS_TUNED)
-        for repeat in range(args.repeats):
+        turns = tuple(m for m in modes if m != AS_TUNED)   # it follows mxamp_tuned, or no one
+        for repeat in range(args.repeats if turns else 0):
             shift = repeat % len(turns)
             for mode in turns[shift:] + turns[:shift]:
-                cmd = [sys.executable, os.path.join(HERE, "bench_worker.py"), name, mode,
-                       "--steps", str(steps), "--warmup", str(warmup)]
-                if args.quick:
-                    cmd.append("--quick")
-                followers = [mode]
+                policy_file = None
                 if mode == "mxamp_tuned" and AS_TUNED in modes:
                     # the untuned run of the policy this process chooses comes next
                     policy_file = os.path.join(args.out, "policy-%s-%d.json" % (name, repeat))
-                    cmd += ["--policy", policy_file]
-                    followers.append(AS_TUNED)
-                for follower in followers:
-                    runs.append(_run_mode(cmd, follower, name, repeat, args.timeout))
+                for each in (mode, AS_TUNED) if policy_file else (mode,):
+                    runs.append(_run_mode(args, name, each, repeat, policy_file))
     if not args.only or "overflow" in args.only:
         runs.extend(run_overflow(args))
     return runs
 
 
-def _run_mode(cmd, mode, name, repeat, timeout):
-    """One measurement process of ``cmd`` with its mode set to ``mode``, printed as it ends."""
-    cmd = list(cmd)
-    cmd[3] = mode
-    result = run_child(cmd, timeout)
+def _run_mode(args, name, mode, repeat, policy_file=None):
+    """One measurement process of ``name`` in ``mode``, printed as it ends."""
+    steps, warmup = (1, 1) if args.quick else STEPS.get(name, (1, 0))
+    cmd = [sys.executable, os.path.join(HERE, "bench_worker.py"), name, mode,
+           "--steps", str(steps), "--warmup", str(warmup)]
+    cmd += ["--quick"] if args.quick else []
+    cmd += ["--policy", policy_file] if policy_file else []
+    result = run_child(cmd, args.timeout)
     result.update(workload=name, mode=mode, repeat=repeat)
     print("%-18s %-14s #%d %-6s %s" % (name, mode, repeat, result["status"],
           "%.1f ms" % result["median_ms"] if result["status"] == "ok"
