@@ -228,8 +228,14 @@ def share_one_c_heap(environ=None):
 
 
 def release_free_memory():
-    """Collect Python's garbage, then give the C heap's free pages back; True if trimmed."""
+    """Collect Python's garbage, wait for MXNet to free what that dropped, then give the C
+    heap's free pages back; True if trimmed."""
+    import mxnet as mx   # here: import mxamp loads this module before MXNet, to set its variables
     gc.collect()
+    # MXNet frees an array's storage on its engine's thread, after the last reference went
+    # (under DNNL_MAX_CPU_ISA=AVX2, 1 of 5 processes converting a model trimmed before the
+    # model it replaced was freed)
+    mx.nd.waitall()
     trim = _malloc_trim()
     return bool(trim is not None and trim(0))
 
@@ -241,14 +247,7 @@ def release_before_first_call(environ=None):
     >>> release_before_first_call(environ={'MXAMP_TRIM_HEAP': '0'})
     False
     """
-    if trim_policy(environ) == NEVER:
-        return False
-    import mxnet as mx   # here: import mxamp loads this module before MXNet, to set its variables
-    gc.collect()
-    # MXNet frees an array's storage on its engine's thread, after the last reference went
-    # (under DNNL_MAX_CPU_ISA=AVX2, 1 of 5 processes trimmed before the source was freed)
-    mx.nd.waitall()
-    return release_free_memory()
+    return trim_policy(environ) != NEVER and release_free_memory()
 
 
 #: The default trims when the process's resident peak grew by more than this share since
