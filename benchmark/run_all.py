@@ -219,13 +219,11 @@ def summarize(runs):
 def _pair_tuned_runs(runs, cells):
     """Each tuned process's peak over its untuned twin's (``mxamp_as_tuned``, the same policy,
     the process after it): the highest such ratio goes in the tuned cell."""
-    ratios = []
-    for tuned in runs:
-        twin = next((r for r in runs if r["mode"] == AS_TUNED and r.get("status") == "ok"
-                     and (r["workload"], r["repeat"]) == (tuned["workload"], tuned["repeat"])),
-                    None)
-        if tuned["mode"] == "mxamp_tuned" and tuned.get("status") == "ok" and twin:
-            ratios.append((tuned["workload"], tuned["maxrss_mb"] / twin["maxrss_mb"]))
+    twins = {(r["workload"], r["repeat"]): r for r in runs
+             if r["mode"] == AS_TUNED and r.get("status") == "ok"}
+    ratios = [(r["workload"], r["maxrss_mb"] / twins[(r["workload"], r["repeat"])]["maxrss_mb"])
+              for r in runs if r["mode"] == "mxamp_tuned" and r.get("status") == "ok"
+              and (r["workload"], r["repeat"]) in twins]
     for workload in {w for w, _ in ratios}:
         cells[(workload, "mxamp_tuned")]["peak_over_untuned"] = max(
             r for w, r in ratios if w == workload)
