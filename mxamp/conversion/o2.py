@@ -18,13 +18,13 @@ normalisation layers and the layers the user excludes, which keep float32 parame
   convolutions that corrupt the heap: :mod:`mxamp.lists.bfloat16`) compute in float32 on
   those calls; graphs with depthwise convolutions follow :mod:`mxamp.runtime.depthwise_graphs`.
 
-What runs depends on the device (:mod:`mxamp.precision.device_plan`). On a CPU without bfloat16 kernels
-(class 'none'), ``cast_model(net, 'bfloat16')`` keeps bfloat16 *storage* with float32 *compute*:
-parameters are bfloat16 (the optimizer keeps float32 masters), each layer casts its parameters
-to float32 on use, and activations stay float32. The model trains as it will on a bfloat16
-CPU as far as weight rounding goes, and runs *slower* than float32: without AVX-512, oneDNN
-converts to and from bfloat16 with a scalar loop (~50-80 ns a value; the MNIST example's O2 run
-took 2.8x float32's time on an AVX2 EPYC). One warning per process says so.
+What runs depends on the device (:mod:`mxamp.precision.device_plan`). On a CPU without bfloat16
+kernels (class 'none'), ``cast_model(net, 'bfloat16')`` keeps bfloat16 *storage* with float32
+*compute*, each parameter cast on use. It trains as on a bfloat16 CPU as far as weight rounding
+goes, runs *slower* than float32 (oneDNN converts bfloat16 with a scalar loop without AVX-512:
+the MNIST example's O2 took 2.8x float32's time on an AVX2 EPYC), and where weights outweigh
+activations it holds more memory, as autograd keeps each float32 weight copy until backward
+(the benchmark's MLP: 1.13x float32 under ``DNNL_MAX_CPU_ISA=AVX2``). One warning says so.
 ``target_dtype='auto'`` picks float16 on a GPU, bfloat16 where it pays, else float32 (logged).
 
 Train it with ``amp.init_trainer(trainer)`` (float32 master weights for low-precision

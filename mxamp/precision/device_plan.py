@@ -229,9 +229,9 @@ def cpu_notice(dplan):
                 "'none'%s). mxamp computes the ops that lack one (%s) in float32 with their "
                 "inputs cast, so nothing is faster than float32 here: amp.init and "
                 "convert_hybrid_block give float32's results, cast_model keeps bfloat16 "
-                "parameters with float32 compute (slower than float32: oneDNN converts "
-                "bfloat16 slowly on such a CPU). AMP stays on (the loss scaler still skips "
-                "non-finite steps). target_dtype='auto' picks float32 here without this warning."
+                "parameters with float32 compute (slower than float32; more memory where weights "
+                "outweigh activations, as autograd keeps their float32 copies). AMP stays on "
+                "(the loss scaler still skips non-finite steps). target_dtype='auto' picks float32."
                 % (": " + why if why else "", op_summary(p.fp32_ops)))
     if p.device == "native" and amx_idle_here(p.device):
         features = cpu_features()
