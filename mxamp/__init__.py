@@ -29,6 +29,8 @@ from mxamp.backend import heap as _heap  # noqa: E402
 _heap.share_cpu_temp_space()
 # One glibc malloc arena, before MXNet's threads first allocate (heap.py).
 _heap.share_one_c_heap()
+# glibc gives freed pages back only when mxamp trims, not at every large free (heap.py).
+_heap.keep_freed_pages()
 # Before MXNet plans a graph's memory: the plan, of those MXNet can make, that allocates least
 # (graph_memory.py).
 from mxamp.backend import graph_memory as _graph_memory  # noqa: E402

@@ -32,7 +32,8 @@ from mxamp.backend import env
 from mxamp.backend.timing import time_calls
 from mxamp.backend.cpu import cpu_features, read_cpuinfo
 from mxamp.backend.graph_memory import backward_segments, storage_plans
-from mxamp.backend.heap import c_heap_arenas, cpu_temp_space, primitive_cache, trim_policy
+from mxamp.backend.heap import (c_heap_arenas, cpu_temp_space, freed_pages, primitive_cache,
+                                trim_policy)
 from mxamp.precision.plan import precision_plan
 from mxamp.backend.probe import cache_path, machine_probe
 
@@ -142,6 +143,7 @@ def collect(timing=True, probe=True, seconds=0.5):
                 "amx_in_effect": features.amx_in_effect, "amx_check": features.amx_check,
                 "amx_reason": features.reason, "temp_space": cpu_temp_space(),
                 "primitive_cache": primitive_cache(), "c_heap_arenas": c_heap_arenas(),
+                "freed_pages": freed_pages(),
                 "backward_segments": backward_segments(),
                 "storage_plans": storage_plans(),
                 "heap_trim": trim_policy(), "MXAMP_TRIM_HEAP": env.value("MXAMP_TRIM_HEAP")},
@@ -214,6 +216,7 @@ def _machine_lines(facts):
              "  MXNet's CPU temp space: %s" % c.get("temp_space", "unknown"),
              "  MXNet's oneDNN primitive cache: %s" % c.get("primitive_cache", "unknown"),
              "  C heap arenas: %s" % c.get("c_heap_arenas", "unknown"),
+             "  C heap's freed pages: %s" % c.get("freed_pages", "unknown"),
              "  MXNet's backward segments: %s" % c.get("backward_segments", "unknown"),
              "  MXNet's graph memory plans: %s" % c.get("storage_plans", "unknown"),
              "  C heap trim in amp.scale_loss: %s (MXAMP_TRIM_HEAP%s)" % (

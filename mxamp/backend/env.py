@@ -74,6 +74,16 @@ VARIABLES = {
                                            "1 (see README, Memory)"),
     "MALLOC_ARENA_MAX": (None, "glibc's malloc arenas (default up to 8 per core); where unset, "
                                "import mxamp asks glibc for one (see README, Memory)"),
+    "MALLOC_TRIM_THRESHOLD_": (None, "glibc gives the heap's free top back past this many "
+                                     "bytes (default: a threshold glibc adapts); where it, "
+                                     "MALLOC_MMAP_THRESHOLD_ and their GLIBC_TUNABLES are "
+                                     "unset, import mxamp sets 256 MB, so that pages go "
+                                     "back when mxamp trims (see README, Memory)"),
+    "MALLOC_MMAP_THRESHOLD_": (None, "glibc maps blocks of this size and more on their own "
+                                     "(default: adapted up to 32 MB); import mxamp sets 32 MB "
+                                     "with MALLOC_TRIM_THRESHOLD_"),
+    "GLIBC_TUNABLES": (None, "glibc's settings; one that names glibc.malloc.trim_threshold or "
+                             "glibc.malloc.mmap_threshold keeps mxamp off both thresholds"),
     "XDG_CACHE_HOME": (None, "where the probe's cache lives (default ~/.cache): "
                              "$XDG_CACHE_HOME/mxamp/probe.json"),
     "OMP_NUM_THREADS": (None, "threads per process; part of the probe's cache key"),

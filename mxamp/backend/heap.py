@@ -34,6 +34,17 @@ MXNet's graphs share and free storage is :mod:`mxamp.backend.graph_memory`'s.
   the resident peak landed at 1365-1389 MB in 8 processes of 12 and at 1441, 1445, 1513 and
   1747 MB in the other 4, the jump at a different step each time; with one arena, 12 of 12
   landed at 1365-1382 MB (``benchmark/results/native-amd-epyc-zen4/c-heap-arenas-df21800.md``).
+* :func:`keep_freed_pages` (at ``import mxamp``): glibc gives the free top of its heap back
+  to the kernel as soon as it passes a threshold it adapts, and maps large blocks on their own;
+  each page given back is faulted in again, zeroed, at the next step. With one arena, every
+  thread frees into the heap whose top it trims, and steps faulted twice as often: float32
+  MobileNet training after ``import mxamp`` took 850-874 thousand minor faults a process
+  against 369-371 thousand without mxamp, and ran 25-35% slower. mxamp fixes the trim
+  threshold at 256 MB and the mmap threshold at 32 MB (glibc's ceiling for the one it
+  adapts), so that freed pages go back when mxamp trims; a lower mmap threshold trades speed
+  for memory (ResNet-50 under ``amp.init`` at 4 MB: 1309-1318 MB, 1489-1687 ms a step; at 32
+  MB: 1446-1496 MB, 1309-1413 ms). Results, per process: ``benchmark/results/
+  native-amd-epyc-zen4/c-heap-trim/``.
 * :func:`release_free_memory`:
 
   MXNet's CPU storage allocates with the C allocator and frees at once, but glibc keeps most
@@ -225,6 +236,59 @@ def share_one_c_heap(environ=None):
         return ""
     return env.choose("MALLOC_ARENA_MAX", MALLOC_ARENAS, "one glibc malloc arena: MXNet's "
                       "threads share the heap that frees blocks for each other", environ)
+
+
+#: glibc's automatic trim: where the free top of the heap exceeds this many bytes, ``free``
+#: gives it back. No benchmark workload's free top reached 256 MB (faults and steps matched
+#: 2 GiB's on all four), so pages go back when mxamp trims (:func:`trim_after_forward`,
+#: :func:`release_before_first_call`), or where a process frees more than that at once.
+TRIM_THRESHOLD = 256 * 2 ** 20
+#: Blocks from this size up are mapped on their own and unmapped when freed: glibc's ceiling
+#: for the threshold it adapts (32 MB on 64-bit), which a fixed trim threshold turns off.
+MMAP_THRESHOLD = 32 * 2 ** 20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3   # glibc's mallopt parameter numbers
+_TUNABLES = ("glibc.malloc.trim_threshold", "glibc.malloc.mmap_threshold")
+
+
+def freed_pages():
+    """Whether glibc gives freed pages back on its own in this process, in words, and who
+    chose it.
+
+    >>> 'MALLOC_TRIM_THRESHOLD_' in freed_pages()
+    True
+    """
+    return env.in_force("MALLOC_TRIM_THRESHOLD_", "glibc's default, freed pages go back as "
+                        "the heap's free top grows past a threshold glibc adapts")
+
+
+def keep_freed_pages(environ=None):
+    """Turn glibc's automatic trim off (see the module's docstring) where the user set neither
+    threshold (``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_`` or their
+    ``GLIBC_TUNABLES``); returns what it did, in words ('' where it left glibc alone, or where
+    the C library is not glibc).
+
+    A fixed trim threshold also fixes glibc's mmap threshold, which it otherwise raises as
+    large blocks are freed, so mxamp sets that too, to the ceiling glibc would reach. mxamp
+    calls ``mallopt`` for this process and sets both variables for its children.
+
+    >>> keep_freed_pages(environ={'MALLOC_TRIM_THRESHOLD_': '131072'})
+    ''
+    >>> keep_freed_pages(environ={'GLIBC_TUNABLES': 'glibc.malloc.mmap_threshold=65536'})
+    ''
+    """
+    tunables = env.value("GLIBC_TUNABLES", environ) or ""
+    if env.value("MALLOC_TRIM_THRESHOLD_", environ) is not None or \
+            env.value("MALLOC_MMAP_THRESHOLD_", environ) is not None or \
+            any(name in tunables for name in _TUNABLES):
+        return ""
+    mallopt = _libc_function("mallopt")
+    if mallopt is None or not (mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and
+                               mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
+        return ""
+    env.choose("MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD, "blocks of 32 MB and more are "
+               "mapped on their own", environ)
+    return env.choose("MALLOC_TRIM_THRESHOLD_", TRIM_THRESHOLD, "glibc keeps freed pages; "
+                      "they go back when mxamp trims the heap", environ)
 
 
 def release_free_memory():
