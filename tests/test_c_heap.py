@@ -75,7 +75,7 @@ def test_import_mxamp_leaves_one_malloc_arena_unless_told_otherwise():
 
 # Four blocks of 12 MB (48 MB), written and freed. In a fresh process glibc maps each block of
 # 128 KB or more on its own (its mmap threshold, until it adapts) and unmaps it when freed;
-# with mxamp's thresholds (32 MB, and a trim threshold of 256 MB) the blocks come from the heap
+# with mxamp's thresholds (16 MB, and a trim threshold of 256 MB) the blocks come from the heap
 # and their pages stay until a malloc_trim. Resident pages from the kernel
 # (/proc/self/statm), in MB: what went back after the frees, then after malloc_trim(0).
 _FREED_RUN = r"""

@@ -80,7 +80,7 @@ VARIABLES = {
                                      "unset, import mxamp sets 256 MB, so that pages go "
                                      "back when mxamp trims (see README, Memory)"),
     "MALLOC_MMAP_THRESHOLD_": (None, "glibc maps blocks of this size and more on their own "
-                                     "(default: adapted up to 32 MB); import mxamp sets 32 MB "
+                                     "(default: adapted up to 32 MB); import mxamp sets 16 MB "
                                      "with MALLOC_TRIM_THRESHOLD_"),
     "GLIBC_TUNABLES": (None, "glibc's settings; one that names glibc.malloc.trim_threshold or "
                              "glibc.malloc.mmap_threshold keeps mxamp off both thresholds"),

@@ -40,11 +40,12 @@ MXNet's graphs share and free storage is :mod:`mxamp.backend.graph_memory`'s.
   thread frees into the heap whose top it trims, and steps faulted twice as often: float32
   MobileNet training after ``import mxamp`` took 850-874 thousand minor faults a process
   against 369-371 thousand without mxamp, and ran 25-35% slower. mxamp fixes the trim
-  threshold at 256 MB and the mmap threshold at 32 MB (glibc's ceiling for the one it
-  adapts), so that freed pages go back when mxamp trims; a lower mmap threshold trades speed
-  for memory (ResNet-50 under ``amp.init`` at 4 MB: 1309-1318 MB, 1489-1687 ms a step; at 32
-  MB: 1446-1496 MB, 1309-1413 ms). Results, per process: ``benchmark/results/
-  native-amd-epyc-zen4/c-heap-trim/``.
+  threshold at 256 MB, so that the heap's freed pages go back when mxamp trims, and the mmap
+  threshold at 16 MB: larger blocks are mapped on their own and go back when freed. That
+  threshold trades speed for memory (ResNet-50 under ``amp.init``, peak MB and ms a step: 4
+  MB 1309-1318 and 1489-1687, 16 MB 1398-1407 and 1301-1377, 32 MB 1446-1496 and
+  1276-1413; float32 MobileNet after import ran as fast at 16 MB as without mxamp).
+  Results, per process: ``benchmark/results/native-amd-epyc-zen4/c-heap-trim/``.
 * :func:`release_free_memory`:
 
   MXNet's CPU storage allocates with the C allocator and frees at once, but glibc keeps most
@@ -243,9 +244,10 @@ def share_one_c_heap(environ=None):
 #: 2 GiB's on all four), so pages go back when mxamp trims (:func:`trim_after_forward`,
 #: :func:`release_before_first_call`), or where a process frees more than that at once.
 TRIM_THRESHOLD = 256 * 2 ** 20
-#: Blocks from this size up are mapped on their own and unmapped when freed: glibc's ceiling
-#: for the threshold it adapts (32 MB on 64-bit), which a fixed trim threshold turns off.
-MMAP_THRESHOLD = 32 * 2 ** 20
+#: Blocks from this size up are mapped on their own and unmapped when freed (glibc adapts its
+#: own threshold up to 32 MB, which a fixed trim threshold turns off): at 16 MB ResNet-50's
+#: peak stayed where it was with glibc's trims, at 32 MB it rose 3-6% (module docstring).
+MMAP_THRESHOLD = 16 * 2 ** 20
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3   # glibc's mallopt parameter numbers
 _TUNABLES = ("glibc.malloc.trim_threshold", "glibc.malloc.mmap_threshold")
 
@@ -268,7 +270,7 @@ def keep_freed_pages(environ=None):
     the C library is not glibc).
 
     A fixed trim threshold also fixes glibc's mmap threshold, which it otherwise raises as
-    large blocks are freed, so mxamp sets that too, to the ceiling glibc would reach. mxamp
+    large blocks are freed, so mxamp sets that too (:data:`MMAP_THRESHOLD`). mxamp
     calls ``mallopt`` for this process and sets both variables for its children.
 
     >>> keep_freed_pages(environ={'MALLOC_TRIM_THRESHOLD_': '131072'})
@@ -285,7 +287,7 @@ def keep_freed_pages(environ=None):
     if mallopt is None or not (mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and
                                mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
         return ""
-    env.choose("MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD, "blocks of 32 MB and more are "
+    env.choose("MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD, "blocks of 16 MB and more are "
                "mapped on their own", environ)
     return env.choose("MALLOC_TRIM_THRESHOLD_", TRIM_THRESHOLD, "glibc keeps freed pages; "
                       "they go back when mxamp trims the heap", environ)
