@@ -48,14 +48,20 @@ def _glibc():
         return False
 
 
-def _arenas(run):
+def _child(script, run, unset):
+    """The words ``script`` prints in a fresh interpreter, run as ``(who, environ)``: ``who``
+    is its argument, ``environ`` its variables beyond this process's, less ``unset``."""
     who, environ = run
-    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     env.update(environ)
-    proc = subprocess.run([sys.executable, "-c", _ARENAS_RUN, who], env=env,
+    proc = subprocess.run([sys.executable, "-c", script, who], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    setting, arenas = proc.stdout.split()
+    return proc.stdout.split()
+
+
+def _arenas(run):
+    setting, arenas = _child(_ARENAS_RUN, run, ("MALLOC_ARENA_MAX",))
     return setting, int(arenas)
 
 
@@ -106,14 +112,8 @@ print(os.environ.get('MALLOC_TRIM_THRESHOLD_'), held - freed, held - resident())
 
 
 def _freed(run):
-    who, environ = run
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES")}
-    env.update(environ)
-    proc = subprocess.run([sys.executable, "-c", _FREED_RUN, who], env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    setting, at_free, at_trim = proc.stdout.split()
+    setting, at_free, at_trim = _child(
+        _FREED_RUN, run, ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES"))
     return setting, float(at_free), float(at_trim)
 
 
