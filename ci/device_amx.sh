@@ -8,7 +8,8 @@
 # Writes to $OUT (or ./device-out): suite.log (the whole suite, AMX on, 12 workers on cores
 # 4-15), measure.txt (one bench_worker process per line on cores 0-3 meanwhile: ResNet-50 O2
 # and converted inference under default memory settings and without each, the Transformer
-# block's backward segments, MobileNet's BatchNorm steering), then cpu_class-*.log (the
+# block's backward segments, MobileNet's BatchNorm steering, bench_bn_steering.py's variants),
+# then cpu_class-*.log (the
 # cpu_class tests with AMX off and under each ISA cap, three at once on 4 cores each).
 # Timings share the machine with the suite: read ratios within one file, to about +-15%.
 set -u
@@ -55,6 +56,10 @@ measure() {   # TAG WORKLOAD MODE [VAR=VALUE ...]
     else measure "$run" transformer_train mxamp "$run"; fi
   done
   for mode in fp32 mxamp mxamp_auto mxamp_o2; do measure "$mode" mobilenet_train "$mode"; done
+  # where to steer BatchNorm: mxamp's Reshape before it against clip / x*1 after it (and verbose)
+  for flag in "" --kernels; do
+    OMP_NUM_THREADS=4 timeout 150 taskset -c ${MEASURE_CPUS:-0-3} $PY benchmark/bench_bn_steering.py $flag | grep '^|'
+  done
 } > "$OUT/measure.txt" 2>&1
 wait $suite
 
