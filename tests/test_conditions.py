@@ -124,6 +124,7 @@ def test_amx_rule_covers_the_measured_family_with_its_margin():
 
 # ------------------------------------------------------- conditional lists, every path
 def test_a_condition_that_holds_nowhere_changes_nothing(forced_class):
+    """Checks decisions only (class 'native' forced by ``forced_class``)."""
     forced_class("native")
     amp.init("bfloat16", conditional_fp32_ops=[("Convolution", "kernel", ["(9, 9)"])])
     for kernel in ((7, 7), (3, 3), "(7, 7)"):
@@ -134,13 +135,14 @@ def test_a_condition_that_holds_nowhere_changes_nothing(forced_class):
 
 
 def test_conditional_lists_in_symbols_and_hybridized_graphs(forced_class):
+    """Checks decisions only (class 'native' forced by ``forced_class``)."""
     forced_class("native")
     amp.init("bfloat16", conditional_fp32_ops=[("Convolution", "kernel", ["(7, 7)"])])
     x = mx.sym.var("data")
     stem = mx.sym.Convolution(x, kernel=(7, 7), num_filter=8, name="stem")
     body = mx.sym.Convolution(stem, kernel=(3, 3), num_filter=8, name="body")
     casts = _graph_casts(body)
-    assert casts["stem"] in (None, "float32") and casts["body"] == "bfloat16", casts
+    assert casts["stem"] == "float32" and casts["body"] == "bfloat16", casts
 
     net = mx.gluon.nn.HybridSequential()
     net.add(mx.gluon.nn.Conv2D(8, 7, in_channels=3), mx.gluon.nn.Conv2D(8, 3, in_channels=8))
@@ -148,10 +150,11 @@ def test_conditional_lists_in_symbols_and_hybridized_graphs(forced_class):
     graph = net(mx.sym.var("data"))   # the graph hybridize() builds
     casts = _graph_casts(graph)
     conv0, conv1 = _in_layer_order(n for n in casts if n.endswith("fwd"))
-    assert casts[conv0] in (None, "float32") and casts[conv1] == "bfloat16", casts
+    assert casts[conv0] == "float32" and casts[conv1] == "bfloat16", casts
 
 
 def test_conditional_lists_in_convert(forced_class):
+    """Checks decisions only (class 'native' forced by ``forced_class``)."""
     forced_class("native")
     x = mx.sym.var("data")
     stem = mx.sym.Convolution(x, kernel=(7, 7), num_filter=8, name="stem")
@@ -160,7 +163,7 @@ def test_conditional_lists_in_convert(forced_class):
         lp = amp.convert_symbol(body, "bfloat16",
                                 conditional_fp32_ops=[("Convolution", "kernel", [written])])
         casts = _graph_casts(lp)
-        assert casts["stem"] != "bfloat16" and casts["body"] == "bfloat16", (written, casts)
+        assert casts["stem"] == "float32" and casts["body"] == "bfloat16", (written, casts)
     lp = amp.convert_symbol(body, "bfloat16",
                             conditional_fp32_ops=[("Convolution", "kernel", ["(9, 9)"])])
     casts = _graph_casts(lp)
@@ -169,7 +172,8 @@ def test_conditional_lists_in_convert(forced_class):
 
 
 def test_shape_conditions_in_ndarray_symbol_and_convert(forced_class):
-    """The stem (few input channels) in float32: a condition on a shape, on every path."""
+    """The stem (few input channels) in float32: a condition on a shape, on every path.
+    Checks decisions only (class 'native' forced by ``forced_class``)."""
     forced_class("native")
     stem_rule = [("Convolution", "in_channels", ["<=4"])]
     amp.init("bfloat16", conditional_fp32_ops=stem_rule)
@@ -183,7 +187,7 @@ def test_shape_conditions_in_ndarray_symbol_and_convert(forced_class):
     stem = mx.sym.Convolution(x, kernel=(7, 7), num_filter=16, name="stem")
     body = mx.sym.Convolution(stem, kernel=(3, 3), num_filter=16, name="body")
     casts = _graph_casts(body)
-    assert casts["stem"] != "bfloat16" and casts["body"] == "bfloat16", casts
+    assert casts["stem"] == "float32" and casts["body"] == "bfloat16", casts
     amp.reset()
     net = mx.gluon.nn.HybridSequential()
     net.add(mx.gluon.nn.Conv2D(16, 7, in_channels=3), mx.gluon.nn.Conv2D(16, 3, in_channels=16))
@@ -192,7 +196,7 @@ def test_shape_conditions_in_ndarray_symbol_and_convert(forced_class):
                             conditional_fp32_ops=stem_rule)
     casts = _graph_casts(lp)
     conv0, conv1 = _in_layer_order(n for n in casts if n.endswith("fwd"))
-    assert casts[conv0] != "bfloat16" and casts[conv1] == "bfloat16", casts
+    assert casts[conv0] == "float32" and casts[conv1] == "bfloat16", casts
 
 
 def test_condition_entries_are_checked():
@@ -210,6 +214,7 @@ FREE = (2, 64, 14, 14)         # H*W 196: far from the family
 
 
 def test_amx_guard_decisions_in_patching(forced_class):
+    """Checks decisions only (class 'amx', then 'native', forced by ``forced_class``)."""
     forced_class("amx")
     amp.init("bfloat16")
     got, why = amp.precision_of("Convolution", data_shape=GUARDED, kernel=(1, 1), num_filter=64)
@@ -228,6 +233,7 @@ def test_amx_guard_decisions_in_patching(forced_class):
 
 
 def test_amx_guard_in_symbols_and_hybridized_blocks(forced_class):
+    """Checks decisions only (class 'amx' forced by ``forced_class``; runs float32 only)."""
     forced_class("amx")
     amp.init("bfloat16")
     x = mx.sym.var("data", shape=GUARDED)
@@ -235,9 +241,9 @@ def test_amx_guard_in_symbols_and_hybridized_blocks(forced_class):
     c2 = mx.sym.Convolution(c1, kernel=(3, 3), pad=(1, 1), num_filter=64, no_bias=True, name="c2")
     c3 = mx.sym.Convolution(mx.sym.var("unknown"), kernel=(1, 1), num_filter=64, name="c3")
     casts = _graph_casts(mx.sym.Group([c2, c3]))
-    assert casts["c1"] != "bfloat16", "1x1 on 6x6x64 must stay float32 under AMX: %s" % casts
+    assert casts["c1"] == "float32", "1x1 on 6x6x64 must stay float32 under AMX: %s" % casts
     assert casts["c2"] == "bfloat16", "a 3x3 convolution keeps bfloat16: %s" % casts
-    assert casts["c3"] != "bfloat16", "unknown shapes count as the guarded ones: %s" % casts
+    assert casts["c3"] == "float32", "unknown shapes count as the guarded ones: %s" % casts
 
     # A hybridized block sees its real input shapes while its graph is built: the guarded
     # convolutions run (in float32, so on any CPU) and give float32's values, inside record().
@@ -260,6 +266,7 @@ def test_amx_guard_in_symbols_and_hybridized_blocks(forced_class):
 
 
 def test_amx_guard_in_convert_and_cast_model(forced_class):
+    """Checks decisions only (class 'amx' forced by ``forced_class``; runs float32 only)."""
     forced_class("amx")
     net = mx.gluon.nn.HybridSequential()
     net.add(mx.gluon.nn.Conv2D(64, 1, in_channels=64, use_bias=False),
@@ -269,7 +276,7 @@ def test_amx_guard_in_convert_and_cast_model(forced_class):
     lp = amp.convert_hybrid_block(net, "bfloat16", example_inputs=mx.nd.ones(GUARDED))
     casts = _graph_casts(lp(mx.sym.var("data")))
     conv0, conv1 = _in_layer_order(n for n in casts if n.endswith("fwd"))
-    assert casts[conv0] != "bfloat16" and casts[conv1] == "bfloat16", casts
+    assert casts[conv0] == "float32" and casts[conv1] == "bfloat16", casts
 
     o2 = mx.gluon.nn.HybridSequential()
     o2.add(mx.gluon.nn.Conv2D(64, 1, in_channels=64, use_bias=False),
@@ -285,7 +292,9 @@ def test_amx_guard_in_convert_and_cast_model(forced_class):
             out = o2(x)
         out.backward()
         rel = np.abs(out.asnumpy() - want).max() / np.abs(want).max()
-        # bfloat16 weights, float32 compute: only the weights' rounding (~0.4%) remains
+        # bfloat16 weights, float32 compute: only the weights' rounding remains. Measured on
+        # Zen 4: 0.0031 here, alike with no cap, AVX512_CORE and AVX2 caps (float32 compute);
+        # 0.0033-0.0057 over 30 MXNet seeds of the (unseeded) Xavier init. 2e-2: 3.5x above.
         assert out.dtype == np.float32 and rel < 2e-2, (hybridize, rel)
 
 
@@ -295,7 +304,8 @@ def test_convert_guards_by_the_shapes_of_the_blocks_last_call(forced_class, capl
                                                               guarded):
     """A block that ran (under mxamp's block hook) converts without example_inputs: the guard
     reads the shapes of that call, so ResNet-50's 7x7 stage keeps bfloat16 on AMX (before,
-    unknown shapes sent every 1x1 convolution to float32: 1.19x instead of ~2.75x)."""
+    unknown shapes sent every 1x1 convolution to float32: 1.19x instead of ~2.75x).
+    Checks decisions only (class 'amx' forced by ``forced_class``; the block runs float32)."""
     forced_class("amx")
     from mxamp.runtime.hooks import hook_block_graphs
     hook_block_graphs()
@@ -308,17 +318,18 @@ def test_convert_guards_by_the_shapes_of_the_blocks_last_call(forced_class, capl
         lp = amp.convert_hybrid_block(net, "bfloat16")
     casts = _graph_casts(lp(mx.sym.var("data")))
     (conv,) = [n for n in casts if n.endswith("fwd")]
-    assert (casts[conv] != "bfloat16") == guarded, (shape, casts)
+    assert casts[conv] == ("float32" if guarded else "bfloat16"), (shape, casts)
     assert not [r for r in caplog.records if "does not know the input shapes" in r.message]
     net.__dict__.pop("_mxamp_input_shapes")      # as if it ran before mxamp was imported
     with caplog.at_level("WARNING", logger="mxamp"):
         lp = amp.convert_hybrid_block(net, "bfloat16")
     casts = _graph_casts(lp(mx.sym.var("data")))
-    assert casts[conv] != "bfloat16", "unknown shapes: the guard holds"
+    assert casts[conv] == "float32", "unknown shapes: the guard holds"
     assert [r for r in caplog.records if "example_inputs=" in r.message], "and it says why"
 
 
 def test_amx_guard_in_numpy_interface_calls(forced_class):
+    """Checks decisions only (class 'amx' forced by ``forced_class``; runs float32 only)."""
     forced_class("amx")
     amp.init("bfloat16")
     rng = np.random.RandomState(2)
@@ -338,7 +349,8 @@ def test_amx_guard_in_numpy_interface_calls(forced_class):
 
 def test_shape_conditions_in_convert_with_symbol_api_names(forced_class):
     """Symbol-API graphs name parameters after their node ('stem_weight'): the data input
-    is still found, so a shape condition holds where it should."""
+    is still found, so a shape condition holds where it should. Checks decisions only (class
+    'native' forced by ``forced_class``)."""
     forced_class("native")
     x = mx.sym.var("data")
     stem = mx.sym.Convolution(x, kernel=(3, 3), num_filter=16, name="stem")

@@ -20,6 +20,7 @@ from bf16_expect import BF16_KERNELS, CPU_CLASS, where
 from mxamp import amp
 from mxamp.backend import cpu, probe
 from mxamp.backend.mxnet_private import BlockView
+from mxamp.dtypes import name_of
 from mxamp.lists import get_op_lists
 from mxamp.precision.device_plan import device_plan
 from mxamp.runtime import hooks
@@ -49,7 +50,8 @@ def timed_probe(monkeypatch, tmp_path):
 
 
 def test_each_request_gets_its_treatment_of_depthwise_graphs(timed_probe):
-    """Checks decisions only: AMX steers BatchNorm; 'auto' keeps depthwise graphs in float32
+    """Checks decisions only (classes passed to device_plan; ``timed_probe`` forces 'native'
+    and the probe's timings): AMX steers BatchNorm; 'auto' keeps depthwise graphs in float32
     where the probe's depthwise block measured bfloat16 slower; float32 plans need none."""
     lists = get_op_lists("bfloat16")
     assert device_plan("bfloat16", lists, "amx").depthwise_graphs == STEER_BATCHNORM
@@ -137,6 +139,7 @@ def test_steering_adds_a_reshape_before_each_batchnorm_and_changes_no_math(monke
         amp.reset()
     batchnorms = [name for op, name in ops if op == "BatchNorm"]
     reshapes = [name for op, name in ops if op == "Reshape"]
+    assert len(batchnorms) == 2, "the block's two BatchNorms are in its graph: %s" % ops
     assert reshapes == [b + STEER_SUFFIX for b in batchnorms], ops
     assert "Reshape" not in untouched, "a graph without depthwise convolutions is left alone"
     _assert_steering_changed_no_math(steered, plain)
@@ -217,7 +220,10 @@ def test_a_numpy_semantics_model_without_hybridize_is_steered(monkeypatch):
             monkeypatch.setattr(hooks, "_depthwise_treatment",
                                 lambda block, args: STEER_BATCHNORM)
             hooks.hook_imperative_depthwise()
-            x = mx.np.array(np.random.RandomState(1).uniform(-1, 1, (4, 8, 12, 12)))
+            # float32 like the weights (mx.np.array keeps numpy's float64): on class none the
+            # convolution computes in float32 and refuses a float64 input beside them
+            x = mx.np.array(np.random.RandomState(1).uniform(-1, 1, (4, 8, 12, 12))
+                            .astype(np.float32))
             with autograd.record():
                 out = net(x)
             out.backward()
@@ -288,13 +294,18 @@ def test_cast_model_follows_the_treatment(timed_probe, monkeypatch):
     dense = nn.HybridSequential()
     dense.add(nn.Dense(4, in_units=8))
     dense.initialize()
-    assert amp.cast_model(dense, "auto")[0].weight.dtype != np.float32
+    assert name_of(amp.cast_model(dense, "auto")[0].weight.dtype) == "bfloat16"
 
 
+@pytest.mark.cpu_class
+@pytest.mark.skipif(not BF16_KERNELS, reason="the graph runs bfloat16 kernels; class 'none' "
+                    "has none (tests/bf16_expect.py)")
 def test_gluoncv_yolov3_training_graph_is_steered(monkeypatch):
-    """Checks decisions only (forced class ``amx``): the client that found the reference kernel,
-    GluonCV's YOLOv3 with a MobileNet 1.0 backbone, hybridizes its training forward (losses
-    from the images and the targets in one graph); every BatchNorm of that graph is steered."""
+    """The client that found the reference kernel, GluonCV's YOLOv3 with a MobileNet 1.0
+    backbone, hybridizes its training forward (losses from the images and the targets in one
+    graph); every BatchNorm of that graph is steered. The class is forced to ``amx`` for the
+    decision, but the graph really runs in bfloat16, so it needs this CPU's bfloat16 kernels
+    (on class none they fail: "could not create a primitive descriptor iterator")."""
     pytest.importorskip("gluoncv")   # an optional extra ('example'): absent, nothing to check
     from gluoncv.data.transforms.presets.yolo import YOLO3DefaultTrainTransform
     from gluoncv.model_zoo import get_model
@@ -311,10 +322,12 @@ def test_gluoncv_yolov3_training_graph_is_steered(monkeypatch):
         with autograd.record():
             losses = net(batch[0], batch[6], *batch[1:6])
         autograd.backward(losses)
+        mx.nd.waitall()   # a kernel's failure shows here, not in a later test
         ops = _graph_ops(net)
     finally:
         amp.reset()
     batchnorms = [name for op, name in ops if op == "BatchNorm"]
     reshapes = [name for op, name in ops if op == "Reshape" and name.endswith(STEER_SUFFIX)]
-    assert len(batchnorms) > 40, "not YOLOv3's training graph: %d BatchNorms" % len(batchnorms)
+    # 47: the graph of GluonCV 0.10.5.post0 (setup.py's pin) at 128x128, counted on Zen 4
+    assert len(batchnorms) == 47, "not YOLOv3's training graph: %d BatchNorms" % len(batchnorms)
     assert reshapes == [b + STEER_SUFFIX for b in batchnorms], (len(reshapes), len(batchnorms))

@@ -237,7 +237,8 @@ def test_ops_without_tensor_inputs_are_neutral(target):
     no_inputs = {n for n in forward_names()
                  if not any(t.startswith("NDArray") for t in registry()[n][2].values())
                  and registry()[n][1] not in LEGACY_HIDDEN_INPUTS}
-    assert len(no_inputs) > 40, "expected the creation and sampler ops, got %s" % no_inputs
+    # 47: MXNet 1.9.1's registry (the creation ops and samplers); another build changes it
+    assert len(no_inputs) == 47, "expected the creation and sampler ops, got %s" % no_inputs
     lists = get_op_lists(target)
     wrong = sorted(n for n in no_inputs if lists.category(n) != "neutral")
     assert not wrong, "%s: ops with no tensor input must be neutral: %s" % (target, wrong)
