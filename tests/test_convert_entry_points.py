@@ -77,6 +77,7 @@ def test_convert_model_casts_params_without_touching_the_callers_dicts(seed):
     ref = sym.bind(mx.cpu(), dict(args, data=x), aux_states=aux).forward()[0]
     if BF16_KERNELS:  # the artifact runs here: check its numerics
         out = lp.bind(mx.cpu(), dict(new_args, data=x), aux_states=new_aux).forward()[0]
+        # measured 4.2e-3 (Zen 4, native and emulated; not measured on AMX): 4x margin
         assert rel_l2(out, ref) < 0.02, "converted model error %.4f" % rel_l2(out, ref)
     # 'auto' converts for this machine: with the probe off (conftest.py) it follows the class
     # rule that bf16_expect works out from the CPU's flags
@@ -85,7 +86,7 @@ def test_convert_model_casts_params_without_touching_the_callers_dicts(seed):
     native = AUTO_BY_CLASS == "bfloat16"
     assert bool(cast_nodes(auto)) == native, "'auto' converts for %s %s" % (AUTO_BY_CLASS, where())
     out = auto.bind(mx.cpu(), dict(auto_args, data=x), aux_states=auto_aux).forward()[0]
-    if native:
+    if native:   # measured 4.2e-3 (Zen 4, native; not measured on AMX): 4x margin
         assert rel_l2(out, ref) < 0.02, "'auto' model error %.4f" % rel_l2(out, ref)
     else:
         assert np.array_equal(out.asnumpy(), ref.asnumpy()), \
@@ -120,8 +121,8 @@ def test_bucketing_module_converts_every_bucket(seed):
         mod.forward(b, is_train=False)
         lp.forward(b, is_train=False)
         err = rel_l2(lp.get_outputs()[0], mod.get_outputs()[0])
-        if BF16_KERNELS:
-            assert 0 < err < 0.02, "bucket %d: relative error %.4f %s" % (seq_len, err, where())
+        if BF16_KERNELS:   # measured 9.1e-4 to 1.0e-3 (Zen 4, native and emulated): 5x
+            assert 0 < err < 5e-3, "bucket %d: relative error %.4f %s" % (seq_len, err, where())
         else:
             assert err == 0, "bucket %d computes in float32 %s, yet differs by %.2g" % (
                 seq_len, where(), err)
@@ -238,13 +239,18 @@ def test_two_inputs_two_outputs_and_fp32_outputs_false(seed):
 
 
 @pytest.mark.cpu_class
-def test_a_graph_built_under_an_earlier_amp_init_is_traced_afresh(seed):
+@pytest.mark.parametrize("init_kwargs", [{}, {"target_precision_ops": ["broadcast_mul"]}],
+                         ids=["default_lists", "broadcast_mul"])
+def test_a_graph_built_under_an_earlier_amp_init_is_traced_afresh(amp_off, seed, init_kwargs):
     """A block that ran under amp.init (or amp.tune's candidates) keeps that graph, casts
     included, until its next call. Converting it as it was cast twice: ResNet-50 got 279 casts
-    instead of 89 and ran 1.7x slower, measured on a Zen 4 after amp.tune."""
+    instead of 89 and ran 1.7x slower, measured on a Zen 4 after amp.tune. The default lists
+    cast the graph where this CPU has bfloat16 kernels; ``broadcast_mul`` (the model's last
+    op) has a bfloat16 kernel on every class, so that amp.init casts the graph everywhere."""
     net = mx.gluon.nn.HybridSequential()
     net.add(mx.gluon.nn.Conv2D(8, 3, in_channels=3), mx.gluon.nn.BatchNorm(),
-            mx.gluon.nn.Activation("relu"), mx.gluon.nn.Dense(4))
+            mx.gluon.nn.Activation("relu"), mx.gluon.nn.Dense(4),
+            mx.gluon.nn.HybridLambda(lambda F, h: F.broadcast_mul(h, h)))
     net.initialize(mx.init.Xavier())
     net.hybridize()
     x = mx.nd.random.uniform(shape=(2, 3, 8, 8))
@@ -254,7 +260,11 @@ def test_a_graph_built_under_an_earlier_amp_init_is_traced_afresh(seed):
         lp = amp.convert_hybrid_block(net, "bfloat16")
         return sorted(c["sources"][0] for c in cast_nodes(lp._cached_graph[1]))
     want = casts()
-    amp.init("bfloat16")
-    net(x)                 # the block's graph now holds amp.init's casts (where they compute)
+    assert bool(want) == BF16_KERNELS, "a bfloat16 conversion %s has casts: %s" % (where(), want)
+    amp.init("bfloat16", **init_kwargs)
+    net(x)                 # the block's graph now holds amp.init's casts
+    earlier = cast_nodes(net._cached_graph[1])
+    assert bool(earlier) == (BF16_KERNELS or bool(init_kwargs)), (
+        "amp.init(%s) casts the graph %s: %s" % (init_kwargs, where(), earlier))
     amp.reset()
     assert casts() == want, "the conversion must not include the casts of an earlier amp.init"

@@ -62,7 +62,8 @@ def test_large_arrays_take_the_per_array_path_and_are_exact(dtype):
     report = overflow.check_finite(arrays)
     assert report.bad_indices == [1, 2], "large %s arrays: got %s" % (dtype, report.bad_indices)
     norm, bad = overflow.global_norm(arrays[:1])
-    # multi_sum_sq accumulates in float32: ~1e-4 relative error on 65k equal squares.
+    # multi_sum_sq accumulates in float32: measured 3.7e-4 relative error on these 65k equal
+    # squares (Zen 4, the same for all three dtypes and every class): 2.7x margin
     assert not bad and norm == pytest.approx(300.0 * np.sqrt(size), rel=1e-3), norm
 
 
@@ -114,7 +115,9 @@ def test_global_norm_matches_numpy_across_dtypes():
     expected = math.sqrt(sum(float(np.sum(np.square(
         mx.nd.amp_cast(a, dtype="float32").asnumpy().astype(np.float64)))) for a in arrays))
     norm, bad = overflow.global_norm(arrays)
-    assert not bad and norm == pytest.approx(expected, rel=1e-5), (norm, expected)
+    # float32 accumulation against float64: measured 2.3e-8 relative (Zen 4, every class); the
+    # bound, 1e-6 (8 float32 ulps), leaves room for another summation order (thread count)
+    assert not bad and norm == pytest.approx(expected, rel=1e-6), (norm, expected)
 
 
 def test_global_norm_of_non_finite_gradients_is_flagged():

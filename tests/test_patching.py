@@ -54,8 +54,14 @@ def test_bf16_results_match_fp32(amp_bf16, seed):
     with amp.disabled():
         want = mx.nd.FullyConnected(x, w, b, num_hidden=8)
     assert want.dtype == F32, "ops inside amp.disabled() run in float32"
-    err = np.abs(check_float32_casts(got) - want.asnumpy()).max()
-    assert err < 0.1, "bf16 FullyConnected should match fp32 to bf16 precision, max err %g" % err
+    got = check_float32_casts(got)
+    if not BF16_KERNELS:
+        assert np.array_equal(got, want.asnumpy()), "float32 compute %s gives float32's " \
+            "results bit for bit" % where()
+        return
+    err = np.abs(got - want.asnumpy()).max()
+    # measured 0.0147 (outputs up to 5.5; Zen 4, native and emulated alike): 3.4x margin
+    assert err < 0.05, "bf16 FullyConnected should match fp32 to bf16 precision, max err %g" % err
 
 
 def test_bf16_ops_without_bf16_cpu_kernel_still_work(amp_bf16, seed):
@@ -91,8 +97,13 @@ def test_backward_through_casts(amp_bf16, seed):
     loss.backward()
     assert w.grad.dtype == F32, "gradients of fp32 weights stay fp32"
     want = np.tile(x.asnumpy().sum(axis=0), (6, 1))
-    err = np.abs(w.grad.asnumpy() - want).max()
-    assert err < 0.05 * np.abs(want).max(), "gradient through amp_cast is wrong by %g" % err
+    if not BF16_KERNELS:
+        assert np.array_equal(w.grad.asnumpy(), want), "float32 compute %s: the gradient " \
+            "is float32's bit for bit" % where()
+        return
+    err = np.abs(w.grad.asnumpy() - want).max() / np.abs(want).max()
+    # measured 2.3e-3 relative (Zen 4, native and emulated alike): 4x margin
+    assert err < 1e-2, "gradient through amp_cast is wrong by %g (relative)" % err
 
 
 # --- NDArray, float16 on a CPU ------------------------------------------------------------
@@ -163,7 +174,8 @@ def test_symbol_module_api_keeps_fp32_params(amp_bf16, seed):
     exe.arg_dict["fc1_weight"][:] = mx.nd.random.uniform(shape=(6, 8))
     exe.forward(data=_nd((4, 8)))
     out = exe.outputs[0]
-    assert out.dtype == F32 and np.allclose(out.sum(axis=1).asnumpy(), 1, atol=1e-3)
+    # softmax rows sum to 1 within float32 rounding: measured 1.2e-7 on every class (Zen 4)
+    assert out.dtype == F32 and np.allclose(out.sum(axis=1).asnumpy(), 1, rtol=0, atol=1e-6)
 
 
 # --- Hybridized Gluon ---------------------------------------------------------------------
@@ -274,6 +286,8 @@ def test_bf16_conv_bn_dense_trains(amp_bf16, seed):
         trainer.step(16)
         losses.append(float(loss.mean().asscalar()))
     assert np.isfinite(losses).all(), "losses must stay finite: %s" % losses
+    # measured last/first 0.439 (Zen 4, native and emulated), 0.436 (none, float32 compute);
+    # a model that does not learn stays near 1
     assert losses[-1] < 0.5 * losses[0], "loss must fall in 20 bf16 steps: %s" % losses
 
 
@@ -324,7 +338,9 @@ def test_fp16_hybridized_widest_runs_on_cpu(amp_fp16, seed):
     assert out.dtype == F32 and got.shape == (2, 6), "widest of fp16 and fp32 is fp32"
     v = x.asnumpy()
     expected = np.concatenate([v + v * v, np.maximum(v, 0) + v], axis=1)
-    assert np.allclose(got, expected, atol=2e-3), "float16 widest ops on CPU must compute right"
+    # measured 3.3e-4 on every class (Zen 4; float16 rounds values up to 2 to 9.8e-4): 3x margin
+    assert np.allclose(got, expected, rtol=0, atol=1e-3), \
+        "float16 widest ops on CPU must compute right"
 
 
 def test_fp16_families_on_symbol_numpy_and_gluon(amp_fp16, seed):
@@ -348,5 +364,5 @@ def test_fp16_families_on_symbol_numpy_and_gluon(amp_fp16, seed):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         got = net(data)
-    assert got.dtype == F32 and np.allclose(got.asnumpy(), want, atol=1e-6), \
-        "fp16 Dense on a CPU must run (in fp32) and give fp32 results"
+    assert got.dtype == F32 and np.array_equal(got.asnumpy(), want), \
+        "fp16 Dense on a CPU must run (in fp32) and give fp32's results bit for bit"

@@ -30,13 +30,24 @@ def test_init_twice_same_args_is_noop_other_dtype_raises(amp_bf16):
     assert amp.target_dtype() == "bfloat16", "a refused init must keep the active configuration"
 
 
+def _named_bindings():
+    """Bindings amp.init wraps (mx.nd, mx.sym, mx.npx), as they are now."""
+    return {"mx.nd.FullyConnected": mx.nd.FullyConnected,
+            "mx.nd.op.FullyConnected": mx.nd.op.FullyConnected,
+            "mx.sym.FullyConnected": mx.sym.FullyConnected,
+            "mx.sym.Convolution": mx.sym.Convolution,
+            "mx.npx.fully_connected": mx.npx.fully_connected}
+
+
 # None is not bad: it is the default (float16 with a GPU, 'auto' without; tests/test_standin.py)
 @pytest.mark.parametrize("bad", ["int8", "float32", np.int32])
 def test_init_rejects_bad_dtype_and_stays_off(amp_off, bad):
+    originals = _named_bindings()       # MXNet's own functions: amp_off reset any patching
     with pytest.raises(ValueError, match="target_dtype must be float16 or bfloat16"):
         amp.init(target_dtype=bad)
     assert not amp.is_initialized(), "a failed init must leave AMP off"
-    assert mx.nd.FullyConnected is mx.nd.op.FullyConnected
+    changed = [k for k, f in _named_bindings().items() if f is not originals[k]]
+    assert not changed, "a refused init must leave MXNet unpatched: %s were replaced" % changed
 
 
 def test_init_rejects_unknown_and_duplicate_ops(amp_off):
@@ -68,7 +79,9 @@ def test_reset_restores_originals_and_reference_flag(amp_off):
     assert mx.nd.FullyConnected is original and not reference._amp_initialized
 
 
-def test_patch_state_is_inspectable(amp_bf16):
+def test_patch_state_is_inspectable(amp_off):
+    originals = _named_bindings()
+    amp.init("bfloat16")
     state = amp.patch_state()
     assert state["initialized"] and state["target_dtype"] == "bfloat16"
     for root in ("mxnet.ndarray", "mxnet.symbol"):
@@ -78,7 +91,11 @@ def test_patch_state_is_inspectable(amp_bf16):
                 "%s must be patched: %s" % (root + sub, state["modules"])
     for module in ("mxnet.numpy", "mxnet.numpy_extension"):
         assert module in state["modules"], "mx.np / mx.npx must be patched"
-    assert state["categories"]["low_precision"] >= 4
+    kept = [k for k, f in _named_bindings().items() if f is originals[k]]
+    assert not kept, "low-precision ops on mx.nd, mx.sym and mx.npx must be wrapped: %s" % kept
+    # 7 bfloat16 low-precision ops, one wrapper per generated function: 17 on MXNet 1.9.1,
+    # measured on every class (Zen 4: native, emulated and none)
+    assert state["categories"]["low_precision"] == 17, state["categories"]
 
 
 def test_disabled_is_scoped(amp_bf16):
@@ -123,7 +140,8 @@ def test_weight_cast_once_per_recorded_forward(amp_bf16, seed):
     # a shared cast sums the two uses' gradients in bf16 before the cast back (as torch's
     # autocast cache does), so the two agree to bf16 precision, not bit for bit
     err = np.abs(grad_cached - w.grad.asnumpy()).max() / np.abs(w.grad.asnumpy()).max()
-    assert err < 2e-2, "a shared cast must give the same gradient to bf16 precision, err %g" % err
+    # measured 2.6e-3 (Zen 4, native and emulated; bf16 rounds to 2^-8 = 3.9e-3): ~4x margin
+    assert err < 1e-2, "a shared cast must give the same gradient to bf16 precision, err %g" % err
 
 
 def test_weight_cast_never_stale_after_update(amp_bf16, seed):
@@ -136,7 +154,9 @@ def test_weight_cast_never_stale_after_update(amp_bf16, seed):
         outs.append(out.asnumpy().astype(np.float32) if out.dtype != BF16 else
                     mx.nd.amp_cast(out, dtype=F32).asnumpy())
         w[:] = w * 2          # an optimizer-like in-place update between steps
-    assert np.allclose(outs[1], 2 * outs[0], rtol=1e-2), "the second step must see the new weight"
+    # doubling a weight doubles its bfloat16 cast and the product exactly (a power of two):
+    # measured bit for bit on every class (Zen 4: native, emulated, none)
+    assert np.array_equal(outs[1], 2 * outs[0]), "the second step must see the new weight"
 
 
 
@@ -158,4 +178,5 @@ def test_weight_cast_cache_on_every_class(amp_off, seed):
     assert len(RECORDING_CASTS) == 0, "the cache empties when recording stops"
     want = (x.asnumpy() ** 1 * 2 * w.asnumpy()).sum(axis=0, keepdims=True)
     err = np.abs(w.grad.asnumpy() - want).max() / np.abs(want).max()
-    assert err < 2e-2, "d/dw sum(x*w*w) = sum(2xw) to bf16 precision, err %g" % err
+    # measured 3.8e-3 on every class (Zen 4: native, emulated, none; bf16 rounds to 2^-8)
+    assert err < 1e-2, "d/dw sum(x*w*w) = sum(2xw) to bf16 precision, err %g" % err

@@ -126,7 +126,9 @@ def test_bad_options_name_the_problem(kwargs, error, text):
 def test_scale_setter_validates():
     s = LossScaler(init_scale=8.0, max_scale=64.0)
     s.scale = 32.0
-    assert s.scale == 32.0
     with pytest.raises(ValueError, match="outside"):
         s.scale = 128.0
-    assert s.scale == 32.0, "a rejected value must not be stored"
+    outcome = s.update(found_overflow=True)      # backoff_factor 0.5 (the default)
+    assert (outcome.old_scale, outcome.new_scale) == (32.0, 16.0), (
+        "the step must run at the assigned 32 (the rejected 128 not stored) and back off from "
+        "it: %s" % (outcome,))

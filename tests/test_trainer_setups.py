@@ -115,9 +115,10 @@ def test_running_local_kvstore_is_moved_off_with_its_states():
     for seed in (5, 6):
         train_step(net, trainer, CPU2, seed=seed)
         train_step(ref, ref_trainer, CPU2, seed=seed, use_amp=False)
+    # power-of-two scales unscale exactly: the runs agree bit for bit (measured, every class)
     for name, p in net.collect_params().items():
-        np.testing.assert_allclose(p.data().asnumpy(), ref.collect_params()[name].data().asnumpy(),
-                                   rtol=1e-6, atol=1e-7, err_msg="momentum must carry over")
+        assert np.array_equal(p.data().asnumpy(), ref.collect_params()[name].data().asnumpy()), \
+            "momentum must carry over: %s differs" % name
 
 
 def test_unscale_once_then_clip_sees_true_gradients():
@@ -134,8 +135,11 @@ def test_unscale_once_then_clip_sees_true_gradients():
     for g, r in zip(grads, ref_grads):
         assert np.array_equal(g.asnumpy(), r.asnumpy()), "unscaled grads must be the true grads"
     ref_norm = np.sqrt(sum(float((r.asnumpy().astype(np.float64) ** 2).sum()) for r in ref_grads))
-    assert not bad and norm == pytest.approx(ref_norm, rel=1e-5), (norm, ref_norm)
-    assert gluon.utils.clip_global_norm(grads, 0.1) == pytest.approx(ref_norm, rel=1e-5)
+    # float32 sums against a float64 one: measured 1.1e-8 (Zen 4, native and emulated) and
+    # 3.2e-8 (none) relative, clip_global_norm's float32 result 3.8e-8; the bound, 1e-6 (8
+    # float32 ulps), leaves room for another summation order (thread count)
+    assert not bad and norm == pytest.approx(ref_norm, rel=1e-6), (norm, ref_norm)
+    assert gluon.utils.clip_global_norm(grads, 0.1) == pytest.approx(ref_norm, rel=1e-6)
     gluon.utils.clip_global_norm(ref_grads, 0.1)
     trainer.step(4)
     ref_trainer.step(4)
@@ -197,7 +201,8 @@ def test_gluoncv_recognizer_order_on_device_kvstore(tmp_path):
     for seed in (3, 4):
         train_step(net, trainer, CPU2, seed=seed)
         train_step(resumed_net, resumed, CPU2, seed=seed)
+    # the same float32 steps from the same states: bit for bit (measured, every class)
     for name, p in net.collect_params().items():
-        np.testing.assert_allclose(resumed_net.collect_params()[name].data().asnumpy(),
-                                   p.data().asnumpy(), rtol=1e-6, atol=1e-7,
-                                   err_msg="resumed run must continue like the original")
+        assert np.array_equal(resumed_net.collect_params()[name].data().asnumpy(),
+                              p.data().asnumpy()), \
+            "resumed run must continue like the original: %s differs" % name

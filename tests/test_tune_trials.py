@@ -15,7 +15,7 @@ import pytest
 
 from mxamp import amp, tuning as tune_mod
 from side_by_side import map_side_by_side
-from test_tune import X, _mobile_like
+from test_tune import _mobile_like, example_batch
 from test_tune import native_with  # noqa: F401 (a fixture: class native, injected timings)
 
 _TRIALS_MEMORY = """
@@ -100,7 +100,7 @@ def test_a_trial_that_dies_is_a_failed_row_and_float32_dying_is_an_error(native_
             if os.getpid() != parent and amp.is_initialized() == (policy_name != "float32")
             else None)
         report = io.StringIO()
-        policy = amp.tune(net, X, candidates_=[fp32, bf16], steps=1, report=report)
+        policy = amp.tune(net, example_batch(), candidates_=[fp32, bf16], steps=1, report=report)
         return policy, report.getvalue()
     policy, report = tune_killed_under("bfloat16")
     rows = {r["name"]: r for r in policy.table}
@@ -118,7 +118,7 @@ def test_an_error_in_a_trial_is_raised_as_itself(monkeypatch):
     def wrong(out):
         raise ValueError("this loss needs a label")
     with pytest.raises(ValueError, match="this loss needs a label") as caught:
-        amp.tune(_mobile_like(), X, loss_fn=wrong, steps=1, report=None)
+        amp.tune(_mobile_like(), example_batch(), loss_fn=wrong, steps=1, report=None)
     if tune_mod.FORK_AVAILABLE:
         assert "forked process" in "".join(getattr(caught.value, "__notes__", []))
     assert not amp.is_initialized()
