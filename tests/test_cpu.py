@@ -1,24 +1,26 @@
 """The CPU model (mxamp.backend.cpu): the bfloat16 class oneDNN uses, and AMX enablement.
 
-Two kinds of test. The class model itself (:func:`mxamp.backend.cpu.classify_bf16`) is a pure function
-of CPU flags, the ISA cap and the build: it is checked for every class with synthetic flag sets,
-on any machine. Then, in fresh interpreters (oneDNN fixes its ISA once per process), the class
-mxamp decides is checked against what oneDNN itself reports (``DNNL_VERBOSE=1``) and does with a
-bfloat16 FullyConnected, with and without ISA caps: on an AVX-512 machine the AVX2 cap must
-reproduce the AVX2 machine's behaviour. Which branch ran is printed.
+Two kinds of test. The class model itself (:func:`mxamp.backend.cpu.classify_bf16`) is a pure
+function of CPU flags, the ISA cap and the build: it is checked for every class with synthetic
+flag sets, on any machine (no ``cpu_class`` marker). Then, in fresh interpreters (oneDNN fixes
+its ISA once per process), the class mxamp decides is checked against what oneDNN itself reports
+(``DNNL_VERBOSE=1``) and does with a bfloat16 FullyConnected, with and without ISA caps: on an
+AVX-512 machine the AVX2 cap must reproduce the AVX2 machine's behaviour. Which branch ran is
+printed. Hardware facts come from oneDNN, ``bf16_expect`` and Linux, never from mxamp.
 """
+import ctypes
 import json
 import os
+import platform
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
+import bf16_expect
 from mxamp.backend import amx, cpu
 from side_by_side import map_side_by_side
-
-pytestmark = pytest.mark.cpu_class
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -82,9 +84,20 @@ def _bf16_inner_product_impls(verbose):
             if l.startswith("dnnl_verbose,exec,cpu,inner_product") and "src_bf16" in l}
 
 
+def _linux_grants_tiles():
+    """Linux's answer to the AMX tile request, asked here, not through mxamp (harmless): x86-64
+    arch_prctl, ARCH_REQ_XCOMP_PERM (0x1023) for XFEATURE_XTILEDATA (18), Linux's asm/prctl.h."""
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return False
+    return ctypes.CDLL(None, use_errno=True).syscall(158, 0x1023, 18) == 0
+
+
 def _machine_can_use_amx():
-    """Independent of mxamp's decision: the CPU flag and the kernel grant (harmless here)."""
-    return "amx_bf16" in cpu.read_cpu_flags() and cpu.request_amx_permission()[0]
+    """Independent of mxamp: the documented table gives class 'amx' with mxamp's AMX switch on
+    (the children set it themselves), and Linux grants the tiles."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("MXAMP_AMX", "MXAMP_DISABLE_AMX")}
+    return bf16_expect.expected_class(bf16_expect._flags(), environ) == "amx" and \
+        _linux_grants_tiles()
 
 
 def _assert_bf16_matches_class(result, verbose):
@@ -100,7 +113,9 @@ def _assert_bf16_matches_class(result, verbose):
     assert result["error"] is None, "class %r, yet bf16 FC failed: %s" % (bf16_class,
                                                                           result["error"])
     assert _bf16_inner_product_impls(verbose), "no bf16 inner_product ran"
-    assert result["rel_error"] < 1e-2, (
+    # measured 0.0027 (Zen 4: native, and emulated under AVX512_CORE, the same value; not
+    # measured on AMX): the rounding of inputs and output to bfloat16 alone; bound ~2x above
+    assert result["rel_error"] < 6e-3, (
         "bf16 FullyConnected is %.4f away (relative L2) from fp32; bf16 rounding alone gives "
         "~0.3%%" % result["rel_error"])
     assert ("bfloat16 support" in isa) == (bf16_class in ("native", "amx")), (
@@ -144,6 +159,7 @@ def ordered_runs():
     return dict(zip(cases, runner(_ordered_run, cases)))
 
 
+@pytest.mark.cpu_class
 @pytest.mark.parametrize("amx_on", [True, False], ids=["default", "MXAMP_AMX=0"])
 @pytest.mark.parametrize("order", list(PRELUDES))
 def test_amx_is_on_by_default_and_reported_as_it_is(order, amx_on, ordered_runs):
@@ -156,7 +172,8 @@ def test_amx_is_on_by_default_and_reported_as_it_is(order, amx_on, ordered_runs)
         "mxamp left DNNL_MAX_CPU_ISA=%s in os.environ: child processes would inherit it without "
         "the AMX grant and die of SIGILL" % result["env_isa"])
     assert features["mxnet_imported_first"] == (order != "mxamp-first"), features
-    assert features["native_bf16"] == bool({"avx512_bf16", "amx_bf16"} & cpu.read_cpu_flags()), \
+    flags = bf16_expect._flags()
+    assert features["native_bf16"] == bool({"avx512_bf16", "amx_bf16"} & flags), \
         "native_bf16 must follow the CPU flags: %s" % features
     onednn_uses_amx = "AMX" in isa
     assert features["amx_in_effect"] == onednn_uses_amx, (
@@ -166,11 +183,13 @@ def test_amx_is_on_by_default_and_reported_as_it_is(order, amx_on, ordered_runs)
     can_amx = _machine_can_use_amx() and _outer_cap() is None
     print("order %s, AMX on %s, machine can use AMX: %s; %s" % (order, amx_on, can_amx, isa))
     if not (amx_on and can_amx):
-        assert not features["amx_enabled"], "AMX must stay off with MXAMP_AMX=0: %s" % features
+        assert not features["amx_enabled"], "AMX must stay off here: %s" % features
         assert features["reason"], "no reason given for leaving AMX off: %s" % features
         assert not onednn_uses_amx, isa
-        if "amx_bf16" in cpu.read_cpu_flags() and not _outer_cap():
-            assert "MXAMP_AMX=0" in features["reason"], "the reason must name the opt-out"
+        if "amx_bf16" in flags and not _outer_cap():
+            # an AMX CPU: the opt-out, else Linux refused the tiles (mxamp/backend/amx.py's text)
+            want = "arch_prctl(ARCH_REQ_XCOMP_PERM) failed" if amx_on else "MXAMP_AMX=0"
+            assert want in features["reason"], "the reason must say %r: %s" % (want, features)
         return
     assert features["amx_enabled"] and features["amx_granted"], features
     if order == "onednn-op-first":
@@ -181,6 +200,7 @@ def test_amx_is_on_by_default_and_reported_as_it_is(order, amx_on, ordered_runs)
         assert onednn_uses_amx and features["bf16_class"] == "amx", (features, isa)
 
 
+@pytest.mark.cpu_class
 def test_opt_out_variable_leaves_onednn_alone():
     result, verbose, _ = _run("import mxamp\n" + BF16_FC_PROBE, MXAMP_DISABLE_AMX="1")
     features = result["features"]
@@ -191,6 +211,7 @@ def test_opt_out_variable_leaves_onednn_alone():
     _assert_bf16_matches_class(result, verbose)
 
 
+@pytest.mark.cpu_class
 def test_unknown_opt_out_word_counts_as_set_and_warns():
     code = "import logging\nlogging.basicConfig(level=logging.WARNING)\nimport mxamp\n" \
         + BF16_FC_PROBE
@@ -200,6 +221,7 @@ def test_unknown_opt_out_word_counts_as_set_and_warns():
     assert result["features"]["reason"] == "disabled by MXAMP_DISABLE_AMX=maybe", result
 
 
+@pytest.mark.cpu_class
 def test_users_own_isa_cap_is_respected():
     # AVX512_CORE: the lowest cap that still has oneDNN's bf16 kernels (emulated), below VNNI/AMX
     result, verbose, _ = _run("import mxamp\n" + BF16_FC_PROBE, DNNL_MAX_CPU_ISA="AVX512_CORE")
@@ -208,7 +230,7 @@ def test_users_own_isa_cap_is_respected():
     assert features["onednn_max_isa"] == "AVX512_CORE", features
     assert "DNNL_MAX_CPU_ISA=AVX512_CORE" in features["reason"], features
     assert result["env_isa"] == "AVX512_CORE", "mxamp must not remove or change the user's variable"
-    if "avx512bw" in cpu.read_cpu_flags():
+    if "avx512bw" in bf16_expect._flags():
         assert _isa_line(verbose).endswith("AVX512BW, AVX512VL, and AVX512DQ extensions"), \
             "oneDNN did not take the user's cap: " + _isa_line(verbose)
         assert features["bf16_class"] == "emulated", features
@@ -233,6 +255,7 @@ def capped_runs():
     return dict(zip(DECIDED_CAPS, map_side_by_side(_capped_run, DECIDED_CAPS)))
 
 
+@pytest.mark.cpu_class
 @pytest.mark.parametrize("cap", DECIDED_CAPS)
 def test_decided_class_is_what_onednn_does(cap, capped_runs):
     """The class mxamp decides matches oneDNN's own ISA report and the fate of a bf16 GEMM.
@@ -245,12 +268,13 @@ def test_decided_class_is_what_onednn_does(cap, capped_runs):
     if cap in ("AVX2", "SSE41"):
         assert result["features"]["bf16_class"] == "none", result["features"]
         core = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
-        if core <= cpu.read_cpu_flags():   # the cap is what takes the kernels away: say so
+        if core <= bf16_expect._flags():   # the cap is what takes the kernels away: say so
             assert cap in result["features"]["bf16_reason"], result["features"]
         else:
             assert "no AVX-512 core" in result["features"]["bf16_reason"], result["features"]
 
 
+@pytest.mark.cpu_class
 def test_latch_fixes_onednn_isa_and_clears_the_variable():
     """The mechanism mxamp relies on, checked with an ISA every x86-64 CPU here has (AVX2):
     after `import mxnet` and a non-oneDNN op, one probe primitive makes oneDNN keep the cap,
@@ -277,6 +301,7 @@ def test_latch_fixes_onednn_isa_and_clears_the_variable():
 
 
 def test_read_cpu_flags_parses_the_flags_line(tmp_path):
+    """Checks decisions only (a synthetic cpuinfo file)."""
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nmodel name\t: X\nflags\t\t: fpu avx512f amx_bf16 amx_tile\n"
                        "processor\t: 1\nflags\t\t: fpu\n")
@@ -286,9 +311,10 @@ def test_read_cpu_flags_parses_the_flags_line(tmp_path):
         "an unreadable cpuinfo means no known flags, not an error"
 
 
+@pytest.mark.cpu_class
 def test_permission_request_reports_a_reason_when_refused():
     granted, detail = cpu.request_amx_permission()
-    if "amx_tile" in cpu.read_cpu_flags():
+    if "amx_tile" in bf16_expect._flags():
         assert granted and detail == "granted", detail
     else:
         assert not granted, "Linux granted AMX tile state on a CPU without amx_tile"
@@ -325,6 +351,7 @@ KNIGHTS_LANDING = AVX2 | {"avx512f", "avx512cd", "avx512er", "avx512pf"}
     (AVX2, "AVX512_CORE_AMX", False, "none"),              # a cap never adds instructions
 ])
 def test_classify_bf16_follows_onednn_rules(flags, cap, granted, want):
+    """Checks decisions only (synthetic flag sets and caps passed in)."""
     got, why = cpu.classify_bf16(flags, cap, granted)
     assert got == want, "flags %s, cap %s: expected %r, got %r (%s)" % (
         sorted(flags - AVX2), cap, want, got, why)
@@ -334,6 +361,7 @@ def test_classify_bf16_follows_onednn_rules(flags, cap, granted, want):
 
 
 def test_classify_bf16_without_onednn_or_off_x86():
+    """Checks decisions only (a synthetic flag set, build and machine passed in)."""
     got, why = cpu.classify_bf16(SAPPHIRE_RAPIDS, onednn=False)
     assert got == "none" and "MXNET_MKLDNN_ENABLED" in why, (got, why)
     got, why = cpu.classify_bf16(SAPPHIRE_RAPIDS, machine="aarch64")
@@ -342,9 +370,12 @@ def test_classify_bf16_without_onednn_or_off_x86():
     assert got == "amx" and "refused" in why, "a refused tile permission must be said: %s" % why
 
 
+@pytest.mark.cpu_class
 def test_class_is_decided_once_and_reported(monkeypatch):
     features = cpu.cpu_features()
     assert features.bf16_class in cpu.BF16_CLASSES and features.bf16_reason
+    # a time limit: measured 0.17 ms (Zen 4; native, emulated and none alike); on AMX with
+    # MXNet imported first (as here) it times a 1024-cubed GEMM, about 50-150 ms (amx.py), twice
     assert features.decided_ms < 1000, "deciding took %.1f ms" % features.decided_ms
     monkeypatch.setenv("DNNL_MAX_CPU_ISA", "SSE41")
     assert cpu.cpu_features() is features, "the class is decided once per process"
@@ -352,6 +383,7 @@ def test_class_is_decided_once_and_reported(monkeypatch):
     assert as_dict["bf16_class"] == features.bf16_class and "cpu_model" in as_dict
 
 
+@pytest.mark.cpu_class
 def test_legacy_isa_variable_is_ignored_like_onednn_ignores_it():
     result, verbose, _ = _run("import mxamp\n" + BF16_FC_PROBE, MKLDNN_MAX_CPU_ISA="SSE41")
     features = result["features"]
@@ -360,6 +392,7 @@ def test_legacy_isa_variable_is_ignored_like_onednn_ignores_it():
     _assert_bf16_matches_class(result, verbose)
 
 
+@pytest.mark.cpu_class
 def test_onednn_switch_turns_the_class_to_none():
     result, _, _ = _run("import mxamp\n" + BF16_FC_PROBE, MXNET_MKLDNN_ENABLED="0")
     features = result["features"]

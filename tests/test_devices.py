@@ -29,6 +29,10 @@ BF16, F32 = dtypes.BFLOAT16, np.dtype(np.float32)
 #: 'auto' computes in bfloat16 here (conftest.py turns the probe off: 'auto' follows the
 #: documented class rule, worked out in bf16_expect; tests/test_probe.py covers the probe).
 NATIVE = AUTO_BY_CLASS == "bfloat16"
+#: The ops oneDNN has no bfloat16 kernel for on a class 'none' CPU, measured with
+#: ci/probe_bf16_kernels.py (ci/probe_results_bfloat16_avx2.txt); every other class has them.
+NO_KERNEL_ON_NONE = {"Convolution", "Deconvolution", "FullyConnected", "BatchNorm", "Pooling",
+                     "Activation", "LeakyReLU", "_contrib_BatchNormWithReLU"}
 
 
 # ------------------------------------------------------------------ the plan, any machine
@@ -41,6 +45,7 @@ NATIVE = AUTO_BY_CLASS == "bfloat16"
     ("auto", "emulated", "float32"), ("auto", "none", "float32"),
 ])
 def test_plan_table(requested, device, compute, monkeypatch):
+    """Checks decisions only (class forced: each device is passed in, AMX idle patched off)."""
     monkeypatch.setattr(devices, "amx_idle_here", lambda device: False)  # any machine
     monkeypatch.setenv("MXAMP_PROBE", "0")                                # the class rule
     lists = get_op_lists(target_for(requested, device))
@@ -51,7 +56,8 @@ def test_plan_table(requested, device, compute, monkeypatch):
         assert plan.reason and plan.reason in plan.summary(), "say why: %s" % plan.summary()
         assert lists.low_precision <= plan.fp32_ops, "no low-precision op may remain"
     if device == "none" and lists.target == "bfloat16":
-        assert lists.missing_kernels("none") <= plan.fp32_ops, "ops without kernels: float32"
+        assert NO_KERNEL_ON_NONE | lists.missing_kernels("none") <= plan.fp32_ops, \
+            "ops without kernels (measured, and mxamp's list): float32"
     if device == "emulated" and compute == "bfloat16":
         assert "slower than float32" in plan.summary(), "the speed claim must be true here"
 
@@ -119,10 +125,9 @@ def test_init_reports_the_plan_of_this_cpu(amp_bf16):
     state = amp.patch_state()
     assert state["cpu_class"] == CPU_CLASS and state["requested_dtype"] == "bfloat16"
     assert state["cpu_compute"] == dtypes.name_of(LOW), state["cpu_plan"]
-    # NOTES.md §0: on a CPU without bfloat16 kernels oneDNN lacks exactly these ops (measured
-    # with ci/probe_bf16_kernels.py); every other class has them all
-    no_kernel = {"Convolution", "Deconvolution", "FullyConnected", "BatchNorm", "Pooling",
-                 "Activation", "LeakyReLU"} if CPU_CLASS == "none" else set()
+    # on a CPU without bfloat16 kernels oneDNN lacks exactly these ops (NO_KERNEL_ON_NONE)
+    no_kernel = {o for o in NO_KERNEL_ON_NONE if not o.startswith("_")} \
+        if CPU_CLASS == "none" else set()
     public = {o for o in state["cpu_fp32_ops"] if not o.startswith("_")}
     assert public == no_kernel, "float32 here for want of a kernel: %s" % sorted(public)
 
@@ -189,14 +194,19 @@ def test_bf16_inputs_to_ops_without_kernels_do_not_crash(amp_bf16, op):
         want = fn(*inputs).asnumpy()
     out = fn(*[mx.nd.amp_cast(a, dtype=BF16) for a in inputs])   # explicitly bf16 tensors
     got = mx.nd.amp_cast(out, dtype="float32").asnumpy()
-    if op in get_op_lists("bfloat16").missing_kernels(CPU_CLASS):
+    assert op in NO_KERNEL_ON_NONE, "KERNEL_CASES holds the ops without a kernel on 'none'"
+    if CPU_CLASS == "none":
         assert out.dtype == F32, "%s has no bf16 kernel %s: it must compute in float32" % (
             op, where())
-        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6,
-                                   err_msg="%s in float32 on bf16-exact inputs" % op)
+        # float32 on the same (bf16-exact) values: measured bit-identical for every op (Zen 4
+        # under the AVX2 cap)
+        assert np.array_equal(got, want), "%s in float32 on bf16-exact inputs" % op
     else:
+        assert out.dtype == BF16, "%s has a bf16 kernel %s: bf16 in, bf16 out" % (op, where())
+        # measured at most 0.0030 (FullyConnected; Zen 4, native and emulated alike; not
+        # measured on AMX); rounding the output to bfloat16 alone gives up to 2**-8; bound 2x that
         err = np.abs(got - want).max() / max(1.0, np.abs(want).max())
-        assert err < 2 ** -6, "%s on bf16 input is %g off float32 %s" % (op, err, where())
+        assert err < 2 ** -7, "%s on bf16 input is %g off float32 %s" % (op, err, where())
 
 
 @pytest.mark.cpu_class

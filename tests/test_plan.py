@@ -44,11 +44,15 @@ def _net():
     return net
 
 
-X = mx.nd.array(np.random.RandomState(3).rand(2, 3, 8, 8))
 CALLS = [("Convolution", (2, 3, 8, 8), {"kernel": (3, 3)}),
          ("Convolution", (2, 8, 8, 8), {"kernel": (3, 3)}),
          ("BatchNorm", (2, 8, 8, 8), {}), ("FullyConnected", (2, 512), {}),
          ("softmax", (2, 4), {}), ("elemwise_add", (2, 4), {})]
+
+
+def _x():
+    """The example input (built per test: nothing runs MXNet at collection)."""
+    return mx.nd.array(np.random.RandomState(3).rand(2, 3, 8, 8))
 
 
 def _decisions():
@@ -89,12 +93,12 @@ def test_init_with_a_policy_decides_as_its_op_lists_do(native):
 
 
 def test_convert_with_a_policy_builds_the_graph_its_op_lists_build(native):
-    net = _net()
-    net(X)
-    by_kwargs = _graph_casts(amp.convert_hybrid_block(net, example_inputs=X,
+    net, x = _net(), _x()
+    net(x)
+    by_kwargs = _graph_casts(amp.convert_hybrid_block(net, example_inputs=x,
                                                       **STEM_POLICY.convert_kwargs())(
         mx.sym.var("data")))
-    by_policy = _graph_casts(amp.convert_hybrid_block(net, example_inputs=X,
+    by_policy = _graph_casts(amp.convert_hybrid_block(net, example_inputs=x,
                                                       policy=STEM_POLICY)(mx.sym.var("data")))
     assert by_policy == by_kwargs, "policy= and convert_kwargs() give the same graph"
     convs = [n for n in by_policy if "conv" in n and n.endswith("fwd")]
@@ -102,15 +106,15 @@ def test_convert_with_a_policy_builds_the_graph_its_op_lists_build(native):
 
 
 def test_a_float32_policy_keeps_amp_on_with_float32_compute(native):
-    net = _net()
-    expected = net(X).asnumpy()
+    net, x = _net(), _x()
+    expected = net(x).asnumpy()
     fp32 = amp.Policy("float32", "float32")
     amp.init(policy=fp32)
     state = amp.patch_state()
     assert state["initialized"] and state["cpu_compute"] == "float32", state
     assert "amp.tune chose float32" in state["cpu_plan"], state["cpu_plan"]
     assert all(d in ("float32", "widest", "input") for d in _decisions()), _decisions()
-    got = net(X)
+    got = net(x)
     assert got.dtype == np.float32 and np.array_equal(got.asnumpy(), expected), \
         "a float32 policy computes float32's results bit for bit"
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+import bf16_expect
 from mxamp.precision.device_plan import cpu_notice, device_plan
 from mxamp import amp
 from mxamp.backend import cpu, probe
@@ -16,6 +17,8 @@ from mxamp.lists import get_op_lists
 
 FAST = [("gemm", 10.0, 4.0), ("conv", 10.0, 5.0), ("bn", 2.0, 2.2)]     # Zen 5-like
 SLOW = [("gemm", 10.0, 14.0), ("conv", 10.0, 12.0), ("bn", 2.0, 2.5)]   # SPR without AMX
+#: SLOW's geometric mean, by hand: (10/14 * 10/12 * 2/2.5) ** (1/3) = 0.7809
+SLOW_SAID = "0.78x"
 
 
 @pytest.fixture
@@ -56,7 +59,7 @@ def test_auto_follows_the_measurement_not_the_class(injected, rows, want):
     plan = device_plan("auto", get_op_lists("bfloat16"), "native")
     assert plan.compute == want, plan.describe()
     if want == "float32":
-        assert "measured %.2fx float32" % probe.speedup_of(rows) in plan.reason, plan.reason
+        assert "measured %s float32" % SLOW_SAID in plan.reason, plan.reason
     explicit = device_plan("bfloat16", get_op_lists("bfloat16"), "native")
     assert explicit.compute == "bfloat16", "an explicit request is not second-guessed"
 
@@ -64,8 +67,10 @@ def test_auto_follows_the_measurement_not_the_class(injected, rows, want):
 def test_probe_is_cached_per_machine_and_can_be_refreshed_or_bypassed(injected, monkeypatch):
     use, calls = injected
     use(FAST)
+    path = os.path.join(os.environ["XDG_CACHE_HOME"], "mxamp", "probe.json")   # the fixture's
+    assert probe.cache_path() == path, "the cache belongs in $XDG_CACHE_HOME/mxamp"
     first = probe.machine_probe()
-    assert not first.cached and len(calls) == 1 and os.path.exists(probe.cache_path())
+    assert not first.cached and len(calls) == 1 and os.path.exists(path)
     probe.forget()
     again = probe.machine_probe()
     assert again.cached and len(calls) == 1, "a later process reads the cache"
@@ -73,11 +78,11 @@ def test_probe_is_cached_per_machine_and_can_be_refreshed_or_bypassed(injected, 
     monkeypatch.setenv("MXAMP_REPROBE", "1")
     assert not probe.machine_probe().cached and len(calls) == 2, "MXAMP_REPROBE=1 measures"
     monkeypatch.delenv("MXAMP_REPROBE")
-    os.remove(probe.cache_path())
+    os.remove(path)
     probe.forget()
     monkeypatch.setenv("MXAMP_PROBE_CACHE", "0")
     probe.machine_probe()
-    assert not os.path.exists(probe.cache_path()), "MXAMP_PROBE_CACHE=0 writes nothing"
+    assert not os.path.exists(path), "MXAMP_PROBE_CACHE=0 writes nothing"
     # a cap other than the one this run has (CI runs these tests under several caps)
     other = "AVX2" if os.environ.get("DNNL_MAX_CPU_ISA") == "AVX512_CORE_BF16" \
         else "AVX512_CORE_BF16"
@@ -131,14 +136,14 @@ def _own_conv_block_ratio(repeats=5):
 @pytest.mark.cpu_class
 def test_real_probe_on_this_cpu(monkeypatch):
     """The real measurement: on a class without bfloat16 kernels it is not run (a failed oneDNN
-    primitive could poison the process); elsewhere its verdict agrees with this test's own
-    timing wherever that timing is clear (an AMD EPYC Zen 4 measured 1.86x for this block, an
-    AMX Xeon without AMX 0.68-0.75x per kernel: both far from the 0.9-1.3 band left open)."""
+    primitive could poison the process); elsewhere its conv+BatchNorm+ReLU row agrees with this
+    test's own timing of the same block, and its verdict too wherever that timing is clear (an
+    AMD EPYC Zen 4 measured 1.26-3.01x for this block natively, 0.27-0.53x emulated, an AMX
+    Xeon without AMX 0.68-0.75x per kernel: all outside the 0.9-1.3 band left open)."""
     monkeypatch.delenv("MXAMP_PROBE", raising=False)   # conftest.py turns it off elsewhere
     probe.forget()
     result = probe.machine_probe()
-    computes, why = probe._kernels_here()
-    if not computes:
+    if not bf16_expect.BF16_KERNELS:
         assert result.error.startswith("not run") and not result.bf16_pays, result
         assert amp.precision_plan("auto").compute == "float32"
     else:
@@ -152,7 +157,14 @@ def test_real_probe_on_this_cpu(monkeypatch):
         assert abs(result.depthwise_speedup - depthwise) < 2e-3, result
         print("probe here: %s" % result.summary())
         own = _own_conv_block_ratio()
-        print("this test's own conv+BN+ReLU block: bfloat16 %.2fx float32" % own)
+        (row,) = [f / b for name, f, b in result.rows if name.startswith("Convolution 3x3+Batch")]
+        print("conv+BN+ReLU block: bfloat16 %.2fx float32 (this test), %.2fx (probe)" % (own, row))
+        # own/row measured 0.52-1.71 over 36 runs (Zen 4, native and emulated, 2 vCPUs under
+        # load 5-7 from other test runs); a factor 3 either way leaves ~1.75x margin for
+        # busier machines (an inverted row, bfloat16 over float32, gives own**2: 1.6-9 here)
+        assert 1 / 3 < own / row < 3, (
+            "the probe timed the conv+BN+ReLU block at %.2fx float32, this test at %.2fx"
+            % (row, own))
         if own > 1.3 or own < 0.9:
             assert result.bf16_pays == (own > 1.3), (
                 "the probe says bfloat16 %s here (%s) but a conv+BN+ReLU block timed by this "
@@ -163,6 +175,8 @@ def test_real_probe_on_this_cpu(monkeypatch):
     took = time.perf_counter() - start
     assert [r[0] for r in rows] == list(probe._workloads()), rows
     assert all(f > 0 and g > 0 for _, f, g in rows), rows
+    # a time limit: measured 0.31-0.79 s (Zen 4, 2 vCPUs under load 5-7; native, emulated and
+    # none alike); ~6x margin for slower shared CI machines
     assert took < 5.0, "the probe's workloads took %.2f s; they must stay well under a second " \
         "on a CPU that computes bfloat16" % took
     probe.forget()
@@ -175,5 +189,5 @@ def test_explicit_bfloat16_warns_with_the_measured_ratio_where_it_lost(injected)
     probe.forget()
     text = cpu_notice(device_plan("bfloat16", get_op_lists("bfloat16"), "native"))
     assert "measured SLOWER than float32 on this machine" in text, text
-    assert "%.2fx" % probe.speedup_of(SLOW) in text and "amp.tune" in text, text
+    assert SLOW_SAID in text and "amp.tune" in text, text
     assert len(calls) == 1, "the warning never measures"
