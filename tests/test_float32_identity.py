@@ -123,8 +123,10 @@ NEAR_ZERO_RMS = 1e-4
 #: bfloat16. Measured with this test's metric on real bfloat16 hardware: worst array
 #: (batchnorm0_beta) 0.189-0.192 and model 0.0255 on an AMX Xeon (native, emulated and amx,
 #: ../shared/hw-runs/2026-11-25-xeon-amx), 0.192 on an AMD EPYC Zen 4 (native, emulated).
-#: The bounds leave ~30% (array) and ~2x (model) above the worst measured value.
-ARRAY_DRIFT, MODEL_DRIFT, ABSOLUTE_DRIFT = 0.25, 0.05, 1e-3
+#: The bounds leave ~30% (array) and ~2x (model) above the worst measured value. The
+#: near-zero arrays (conv0_bias, conv1_bias) drift by an RMS of 8.4e-5 and 1.2e-4 on the Zen 4
+#: (bfloat16 and 'auto' on native, bfloat16 on emulated; not measured on AMX): 2.5x that.
+ARRAY_DRIFT, MODEL_DRIFT, ABSOLUTE_DRIFT = 0.25, 0.05, 3e-4
 
 
 def _assert_drift_is_rounding(base, arrays, what):
@@ -146,6 +148,7 @@ def _assert_drift_is_rounding(base, arrays, what):
         what, worst, per_array[worst])
     assert total < MODEL_DRIFT, "%s: the model drifted %.3f (norm-relative) from float32" % (
         what, total)
+    assert near_zero, "%s: no array stays ~0 in float32 (the conv biases before BatchNorm)" % what
     far = {k: v for k, v in near_zero.items() if v > ABSOLUTE_DRIFT}
     assert not far, "%s: arrays that stay ~0 in float32 moved by an RMS of %s" % (what, far)
 

@@ -23,24 +23,18 @@ def as_fp32(array):
     return mx.nd.amp_cast(array, dtype="float32").asnumpy()
 
 
-def fp32_arrays(state):
-    if isinstance(state, mx.nd.NDArray):
-        return [state] if state.dtype == np.float32 else []
-    if isinstance(state, (tuple, list)):
-        return [a for s in state for a in fp32_arrays(s)]
-    return []
+#: Where MXNet 1.9 keeps a float16 weight's float32 master in its multi-precision state
+#: (``mxnet/optimizer/optimizer.py``, ``create_state_multi_precision``): SGD and NAG return
+#: ``(state, master)``, the base Optimizer that Adam and LAMB use ``(master, state)``.
+FLOAT16_MASTER_AT = {"sgd": 1, "nag": 1, "adam": 0, "lamb": 0}
 
 
-def master_of(trainer, index, weight):
-    """The float32 array in the optimizer state whose cast equals the weight."""
-    updater = trainer._updaters[0]
-    master = optimizers.master_weight(updater, index)
-    if master is not None:
-        return master
-    matches = [a for a in fp32_arrays(updater.states[index])
-               if np.array_equal(a.astype(weight.dtype).asnumpy(), weight.asnumpy())]
-    assert matches, "no float32 master copy found in the state of parameter %d" % index
-    return matches[0]
+def float16_master(trainer, index, name):
+    """The float32 master of float16 parameter ``index``, read where MXNet keeps it."""
+    state = trainer._updaters[0].states[index]
+    assert isinstance(state, tuple) and len(state) == 2, (
+        "%s: a float16 weight's state %r is not MXNet's (state, master) pair" % (name, state))
+    return state[FLOAT16_MASTER_AT[name]]
 
 
 # ----- float16 weights: MXNet's mp kernels, driven by the mxamp scaler -----
@@ -74,10 +68,13 @@ def test_float16_weights_train_with_float32_masters(seed, name, extra):
                 autograd.backward(scaled)
         trainer.step(1)
         losses.append(float(loss.asscalar()))
+    # last over first loss, Zen 4 (alike on native, emulated, none: float16 computes in MXNet's
+    # own kernels): SGD 0.047, momentum 0.0026, NAG 0.0007, Adam 0.0061, LAMB 0.149; 0.2 is
+    # 1.3x the worst
     assert losses[-1] < 0.2 * losses[0], "%s: loss %g -> %g did not drop" % (
         name, losses[0], losses[-1])
-    master = master_of(trainer, 0, w.data())
-    assert master.dtype == np.float32 and w.data().dtype == np.float16
+    master = float16_master(trainer, 0, name)
+    assert master.dtype == np.float32 and w.data().dtype == np.float16, (master.dtype, name)
     assert np.array_equal(master.astype("float16").asnumpy(), w.data().asnumpy()), \
         "the float16 weight must be the cast of its float32 master"
 
@@ -100,8 +97,8 @@ def test_float16_weights_get_float32_masters_without_asking():
                 autograd.backward(scaled)
         trainer.step(1)
         expected = np.float32(expected - np.float32(1e-4))
-    master = master_of(trainer, 0, p.data())
-    assert master.dtype == np.float32
+    master = float16_master(trainer, 0, "sgd")
+    assert master.dtype == np.float32, master.dtype
     # measured on the Zen 4: bit for bit (0.993999 both), as the same float32 subtractions
     assert np.array_equal(master.asnumpy(), np.full(4, expected)), (master.asnumpy(), expected)
     assert np.array_equal(p.data().asnumpy(), np.full(4, np.float16(expected))), \
@@ -176,7 +173,9 @@ def test_bfloat16_weights_train_with_float32_masters(name, extra):
     assert isinstance(trainer._updaters[0], optimizers.MasterWeightUpdater), "installed"
     x, y = bf16_data()
     losses = [bf16_step(net, trainer, x, y) for _ in range(60)]
-    assert losses[-1] < 0.5 * losses[0], "%s: loss %g -> %g did not drop" % (
+    # last over first loss, Zen 4 (native = emulated / none): SGD 0.112 / 0.113, momentum
+    # 0.025, NAG 0.024, Adam 0.0097 / 0.010, LAMB 0.015 / 0.014; 0.25 is 2.2x the worst
+    assert losses[-1] < 0.25 * losses[0], "%s: loss %g -> %g did not drop" % (
         name, losses[0], losses[-1])
     for index, param in enumerate(trainer._params):
         master = optimizers.master_weight(trainer._updaters[0], index)
@@ -200,8 +199,11 @@ def test_bfloat16_master_weights_accumulate_small_updates():
                 autograd.backward(scaled)
         trainer.step(1)
     master = optimizers.master_weight(trainer._updaters[0], 0).asnumpy()
-    np.testing.assert_allclose(master, 1.0 - 10 * 1e-3, rtol=1e-6,
-                               err_msg="10 steps of 1e-3 must accumulate in the fp32 master")
+    expected = np.float32(1.0)
+    for _ in range(10):   # the same float32 subtractions: bit for bit on every class (0.9900001)
+        expected = np.float32(expected - np.float32(1e-3))
+    assert np.array_equal(master, np.full(4, expected)), (
+        "10 steps of 1e-3 must accumulate in the fp32 master: %s, not %r" % (master, expected))
     weight = as_fp32(p.data())
     recast = mx.nd.amp_cast(mx.nd.array(master), dtype=dtypes.BFLOAT16)
     assert np.array_equal(weight, as_fp32(recast)), "bf16 weight must equal cast(master)"
@@ -223,7 +225,8 @@ def test_a_trainer_made_before_cast_model_gets_float32_masters():
     x, y = bf16_data()
     losses = [bf16_step(net, trainer, x, y) for _ in range(30)]
     assert isinstance(trainer._updaters[0], optimizers.MasterWeightUpdater)
-    assert losses[-1] < 0.5 * losses[0], "loss %g -> %g" % (losses[0], losses[-1])
+    # Zen 4: 0.0600 (native, emulated), 0.0603 (none) of the first loss; 0.12 is 2x that
+    assert losses[-1] < 0.12 * losses[0], "loss %g -> %g" % (losses[0], losses[-1])
     for index, param in enumerate(trainer._params):
         master = optimizers.master_weight(trainer._updaters[0], index)
         assert master is not None and master.dtype == np.float32, param.name

@@ -2,9 +2,10 @@
 output, numpy-interface models, bad input, and a small ResNet-style bfloat16 model trained
 on real MNIST digits whose loss falls like float32's.
 
-On a CPU without bfloat16 kernels (class 'none') cast_model('bfloat16') keeps bfloat16
-parameters with float32 compute: the parameter dtypes below hold on every class, the output
-dtypes and numerics follow the class (tests marked ``cpu_class``)."""
+On a CPU without bfloat16 kernels (class 'none') cast_model('bfloat16') keeps bfloat16 parameters
+with float32 compute: parameter dtypes hold on every class, output dtypes and numerics follow the
+class (``cpu_class``). Error bounds: 1.3x-4x (mostly 3x, for AMX's other kernels) the worst
+measured on the Zen 4 as native, emulated and none (caps AVX512_CORE, AVX2); none on AMX."""
 import subprocess
 import sys
 import textwrap
@@ -20,8 +21,7 @@ from mxamp.conversion.o2 import cast_model  # the facade's amp.cast_model
 
 
 def dtype_name(param_array_or_dtype):
-    """The dtype's name, of a Parameter, an NDArray or a dtype (an array's dtype is read here:
-    numpy 2's np.dtype no longer takes an object by its .dtype attribute)."""
+    """The dtype's name of a Parameter, NDArray or dtype (numpy 2's np.dtype takes no .dtype)."""
     thing = param_array_or_dtype
     dtype = thing.dtype if isinstance(thing, (mx.gluon.Parameter, mx.nd.NDArray)) else thing
     return dtypes.name_of(dtype)
@@ -114,9 +114,10 @@ def test_batchnorm_cpu_kernel_takes_bf16_data_with_fp32_parameters(seed):
     y32, g32, mean32 = grads["fp32"]
     assert dtype_name(y16.dtype) == "bfloat16" and g16.dtype == np.float32, \
         "bf16 data + fp32 gamma must give bf16 output and an fp32 gamma gradient"
-    assert rel_l2(y16.astype("float32"), y32) < 0.01, "bf16 BatchNorm output differs from fp32"
-    assert rel_l2(g16, g32) < 0.02, "bf16 BatchNorm gamma gradient differs from fp32"
-    assert mean16.dtype == np.float32 and rel_l2(mean16, mean32) < 0.01, \
+    # Zen 4, native and emulated alike: output 0.00235, gamma gradient 0.00012, mean 0.00147
+    assert rel_l2(y16.astype("float32"), y32) < 0.007, "bf16 BatchNorm output differs from fp32"
+    assert rel_l2(g16, g32) < 0.0005, "bf16 BatchNorm gamma gradient differs from fp32"
+    assert mean16.dtype == np.float32 and rel_l2(mean16, mean32) < 0.0045, \
         "running mean must be updated in float32 like the fp32 kernel does"
 
 
@@ -138,8 +139,9 @@ def test_input_of_any_float_dtype_is_cast_at_the_model_input(seed, hybridize):
     same = outs if BF16_KERNELS else outs[:2]
     spread = max(float((o - outs[0]).abs().max().asscalar()) for o in same)
     assert spread == 0.0, "float inputs must give one result %s, spread %g" % (where(), spread)
-    assert rel_l2(outs[-1], outs[0]) < 0.01, "a bf16 input must give the result to bf16 rounding"
-    assert rel_l2(outs[0], ref) < 0.03, "O2 output error vs fp32: %.4f" % rel_l2(outs[0], ref)
+    # Zen 4: 0 where bf16 computes, 5e-5 on none; vs fp32 0.0041 (bf16 classes), 0.0017 (none)
+    assert rel_l2(outs[-1], outs[0]) < 1e-4, "a bf16 input must give the result to bf16 rounding"
+    assert rel_l2(outs[0], ref) < 0.012, "O2 output error vs fp32: %.4f" % rel_l2(outs[0], ref)
 
 
 @pytest.mark.cpu_class
@@ -172,6 +174,7 @@ def test_excluded_layers_by_object_class_and_name_stay_fp32(seed):
     assert out.dtype == np.float32 and np.isfinite(out.asnumpy()).all(), "excluded run failed"
 
 
+@pytest.mark.cpu_class
 def test_numpy_interface_model(seed):
     mx.npx.set_np()
     try:
@@ -187,7 +190,8 @@ def test_numpy_interface_model(seed):
             "a numpy model must return a float32 numpy array, got %s %s" % (type(out), out.dtype)
         assert dtype_name(net[0].weight.data().dtype) == "bfloat16", "numpy weight not cast"
         err = float(np.linalg.norm((out - ref).asnumpy()) / np.linalg.norm(ref.asnumpy()))
-        assert err < 0.03, "numpy O2 output error %.4f" % err
+        # Zen 4: 0.0062 on native and emulated, 0.0046 on none
+        assert err < 0.019, "numpy O2 output error %.4f" % err
     finally:
         mx.npx.reset_np()
 
@@ -209,10 +213,12 @@ def test_float16_casts_on_cpu_when_the_model_has_no_gemm(seed):
     cast_model(net, "float16")
     assert dtype_name(net[0].w) == "float16" and dtype_name(net[1].gamma) == "float32", \
         "float16 O2: weight fp16, BatchNorm fp32"
-    out = net(x)
-    assert out.dtype == np.float32 and rel_l2(out, ref) < 0.01, "float16 O2 output is off"
+    out = net(x)   # float16 on a CPU computes float32 (device_plan's table); 0.5 is exact
+    assert out.dtype == np.float32 and np.array_equal(out.asnumpy(), ref.asnumpy()), \
+        "float16 O2 output differs from float32's by %g (measured: 0)" % rel_l2(out, ref)
 
 
+@pytest.mark.cpu_class
 def test_bf16_embedding_and_dropout_compute_in_fp32_islands():
     # bf16 Embedding corrupts the heap on CPU: if it ever ran in bf16, only the child dies.
     code = textwrap.dedent("""
@@ -240,7 +246,8 @@ def test_bf16_embedding_and_dropout_compute_in_fp32_islands():
     emb, dense, err = proc.stdout.split()
     assert (emb, dense) == ("float32", "bfloat16"), "Embedding fp32 / Dense bf16, got %s/%s" % (
         emb, dense)
-    assert float(err) < 0.02, "Embedding model O2 error %s" % err
+    # Zen 4: 0.0025 on native and emulated, 0.0020 on none
+    assert float(err) < 0.0075, "Embedding model O2 error %s" % err
 
 
 def test_bad_input_raises_and_leaves_the_model_unchanged(seed):
@@ -305,7 +312,10 @@ def train_mnist(o2, steps=50, batch=32):
     return net, losses
 
 
+@pytest.mark.cpu_class
 def test_o2_bf16_resnet_trains_on_mnist_like_fp32():
+    # Zen 4, last 10 steps' mean loss over the first 5's: float32 0.415 (0.418 on none), O2 0.433
+    # (native, emulated), 0.448 (none); O2 against float32: 4.4% and 7.3% apart (bound 15%)
     _, fp32 = train_mnist(o2=False)
     net, bf16 = train_mnist(o2=True)
     start, end32, end16 = np.mean(fp32[:5]), np.mean(fp32[-10:]), np.mean(bf16[-10:])
@@ -313,8 +323,7 @@ def test_o2_bf16_resnet_trains_on_mnist_like_fp32():
     assert end16 < 0.6 * np.mean(bf16[:5]), "O2 bf16 loss did not fall: %s" % bf16[::10]
     assert abs(end16 - end32) < 0.15 * end32, \
         "O2 bf16 final loss %.3f vs fp32 %.3f (last 10 steps)" % (end16, end32)
-    assert dtype_name(net[0].weight) == "bfloat16" and dtype_name(net[1].gamma) == "float32", \
-        "after training, conv weights stay bf16 and BatchNorm fp32"
+    assert (dtype_name(net[0].weight), dtype_name(net[1].gamma)) == ("bfloat16", "float32")
     assert float(net[1].running_mean.data().abs().sum().asscalar()) > 0, \
         "BatchNorm running statistics must be updated during O2 training"
 
@@ -359,8 +368,10 @@ def test_o2_step_with_non_finite_gradient_is_skipped():
     assert abs(after - (0.5 - 40e-4)) < 2 ** -9, "clean steps after the skip must apply: %g" % after
 
 
-def test_o2_with_patching_routes_ops_without_bf16_kernels(amp_bf16):
-    """O2 + amp.init: F.batch_dot / F.LayerNorm inside hybrid_forward get float32 inputs."""
+@pytest.mark.cpu_class
+def test_o2_with_patching_routes_ops_without_bf16_kernels(amp_off):
+    """O2 + amp.init: F.batch_dot / F.LayerNorm inside hybrid_forward get float32 inputs
+    (the reference is computed before amp.init, in float32)."""
     class Attention(mx.gluon.HybridBlock):
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
@@ -379,10 +390,11 @@ def test_o2_with_patching_routes_ops_without_bf16_kernels(amp_bf16):
     block.initialize(mx.init.Xavier())
     x = mx.nd.random.uniform(shape=(2, 5, 8))
     want = block(x).asnumpy()
-    from mxamp import amp
+    amp.init(target_dtype="bfloat16")
     amp.cast_model(block, "bfloat16", example_inputs=x)
     block.hybridize()
     got = block(x)
     assert got.dtype == np.float32, "O2 returns float32 by default"
     err = np.linalg.norm(got.asnumpy() - want) / np.linalg.norm(want)
-    assert err < 0.03, "O2 attention with batch_dot/LayerNorm must match fp32, rel err %g" % err
+    # Zen 4: 0.0017 on native and emulated, 0.0015 on none
+    assert err < 0.005, "O2 attention with batch_dot/LayerNorm must match fp32, rel err %g" % err

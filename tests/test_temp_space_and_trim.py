@@ -84,6 +84,9 @@ def test_trim_after_forward_gives_freed_blocks_back_unless_told_not_to():
     loss = fence.sum()
     kept = _resident_mb()
     assert not heap.trim_after_forward([loss], environ={"MXAMP_TRIM_HEAP": "0"})
+    # Zen 4: 0.000 MB went back in 9 of 9 runs (alone, and after this file's other tests),
+    # against 41-50 MB for the trim below; the 5 MB allowed, a tenth of a trim, is for pages
+    # MXNet's engine threads may give back meanwhile (none seen)
     assert _resident_mb() > kept - 5, "something went back with MXAMP_TRIM_HEAP=0"
     assert heap.trim_after_forward([loss], environ={"MXAMP_TRIM_HEAP": "1"})
     released = kept - _resident_mb()
