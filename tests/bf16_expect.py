@@ -4,8 +4,8 @@ The class is worked out HERE, from the CPU's flags (``/proc/cpuinfo``) and the e
 oneDNN 2.4's documented dispatch rules (``cpu_isa_traits.hpp``: which flags each ISA level
 needs, which ``DNNL_MAX_CPU_ISA`` names cap it), not by asking mxamp. ``tests/test_cpu.py``
 checks in fresh interpreters that mxamp's decided class agrees with this table and with what
-oneDNN's verbose output says it ran. Nothing here imports MXNet or runs a kernel: reading one
-file at import is all it does.
+oneDNN's verbose output says it ran. Nothing here imports MXNet or runs a kernel: at import it
+reads one file, and on an AMX CPU asks Linux for the tiles (one system call, as mxamp does).
 
 =========== =========================================================== =====================
 class       when                                                        a bf16 GEMM
@@ -16,7 +16,8 @@ class       when                                                        a bf16 G
             of ``AVX512_CORE`` / ``AVX512_CORE_VNNI``
 ``native``  avx512_bf16 and no AMX in effect                            runs in hardware
 ``amx``     amx_bf16/amx_tile/amx_int8, no cap below                    runs on AMX tiles
-            ``AVX512_CORE_AMX`` and mxamp's AMX switch on (see below)
+            ``AVX512_CORE_AMX``, mxamp's AMX switch on (see below) and
+            Linux grants the tiles (``arch_prctl``, Linux 5.16 and later)
 =========== =========================================================== =====================
 
 mxamp's AMX switch (``mxamp.backend.cpu``): on unless ``MXAMP_AMX=0`` or ``MXAMP_DISABLE_AMX=1``,
@@ -25,7 +26,10 @@ or the user set ``DNNL_MAX_CPU_ISA``/``MKLDNN_MAX_CPU_ISA`` (a user cap of
 what is right for the class they run on. Such tests carry the ``cpu_class`` marker:
 ``.ci/run`` runs them again under every ISA cap the machine allows.
 """
+import ctypes
 import os
+import platform
+import sys
 
 import numpy as np
 
@@ -63,13 +67,25 @@ def _amx_switch_on(environ):
     return environ.get("MXAMP_AMX", "1").strip().lower() not in _OFF
 
 
-def expected_class(flags, environ):
-    """The bfloat16 class the table above gives for ``flags`` and ``environ``.
+def linux_grants_tiles():
+    """Linux's answer to the AMX tile request, asked here, not through mxamp (harmless: mxamp
+    asks the same): x86-64 ``arch_prctl(ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18)``
+    (``asm/prctl.h``); Linux before 5.16 refuses, and oneDNN then cannot use the tiles."""
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return False
+    return ctypes.CDLL(None, use_errno=True).syscall(158, 0x1023, 18) == 0
+
+
+def expected_class(flags, environ, tiles_granted=linux_grants_tiles):
+    """The bfloat16 class the table above gives for ``flags`` and ``environ``; an AMX CPU also
+    needs Linux to grant the tiles (``tiles_granted()``, asked only there).
 
     >>> expected_class({'avx2'}, {})
     'none'
     >>> expected_class(set(_BF16), {'DNNL_MAX_CPU_ISA': 'AVX512_CORE'})
     'emulated'
+    >>> expected_class(set(_BF16 + _AMX), {}, tiles_granted=lambda: False)
+    'native'
     """
     if environ.get("MXNET_MKLDNN_ENABLED", "1").strip().lower() in ("0", "false"):
         return "none"
@@ -78,7 +94,7 @@ def expected_class(flags, environ):
     found = "emulated"
     if all(f in flags for f in _BF16):
         found = "native"
-        if all(f in flags for f in _AMX) and _amx_switch_on(environ):
+        if all(f in flags for f in _AMX) and _amx_switch_on(environ) and tiles_granted():
             found = "amx"
     cap = environ.get("DNNL_MAX_CPU_ISA")
     allowed = _CAP_ALLOWS.get(cap, "native") if cap else "amx"

@@ -8,10 +8,8 @@ its ISA once per process), the class mxamp decides is checked against what oneDN
 AVX-512 machine the AVX2 cap must reproduce the AVX2 machine's behaviour. Which branch ran is
 printed. Hardware facts come from oneDNN, ``bf16_expect`` and Linux, never from mxamp.
 """
-import ctypes
 import json
 import os
-import platform
 import subprocess
 import sys
 import textwrap
@@ -84,20 +82,11 @@ def _bf16_inner_product_impls(verbose):
             if l.startswith("dnnl_verbose,exec,cpu,inner_product") and "src_bf16" in l}
 
 
-def _linux_grants_tiles():
-    """Linux's answer to the AMX tile request, asked here, not through mxamp (harmless): x86-64
-    arch_prctl, ARCH_REQ_XCOMP_PERM (0x1023) for XFEATURE_XTILEDATA (18), Linux's asm/prctl.h."""
-    if sys.platform != "linux" or platform.machine() != "x86_64":
-        return False
-    return ctypes.CDLL(None, use_errno=True).syscall(158, 0x1023, 18) == 0
-
-
 def _machine_can_use_amx():
     """Independent of mxamp: the documented table gives class 'amx' with mxamp's AMX switch on
     (the children set it themselves), and Linux grants the tiles."""
     environ = {k: v for k, v in os.environ.items() if k not in ("MXAMP_AMX", "MXAMP_DISABLE_AMX")}
-    return bf16_expect.expected_class(bf16_expect._flags(), environ) == "amx" and \
-        _linux_grants_tiles()
+    return bf16_expect.expected_class(bf16_expect._flags(), environ) == "amx"
 
 
 def _assert_bf16_matches_class(result, verbose):
