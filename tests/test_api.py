@@ -62,11 +62,11 @@ def test_top_level_reexports_and_docstrings(name):
     assert ">>>" in doc, "%s needs a docstring with an example" % name
 
 
-@pytest.mark.parametrize("spelling", ["float16", np.float16, np.dtype("float16"),
-                                      "bfloat16", dtypes.BFLOAT16])
-def test_every_dtype_spelling_is_accepted(spelling):
-    name = dtypes.normalize(spelling)
-    assert name in ("float16", "bfloat16")
+@pytest.mark.parametrize("spelling, expected", [
+    ("float16", "float16"), (np.float16, "float16"), (np.dtype("float16"), "float16"),
+    ("bfloat16", "bfloat16"), (dtypes.BFLOAT16, "bfloat16")])
+def test_every_dtype_spelling_is_accepted(spelling, expected):
+    assert dtypes.normalize(spelling) == expected, spelling
     ours = amp.list_lp16_ops(spelling)
     assert "FullyConnected" in ours, "list_lp16_ops(%r) must list FullyConnected" % (spelling,)
 

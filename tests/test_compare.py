@@ -29,11 +29,13 @@ def resnet18_report():
 @pytest.mark.cpu_class
 def test_resnet18_bf16_report_numbers(resnet18_report):
     report = resnet18_report
-    assert report.output_rel_error < 0.02, "output error %.4f >= 2%%" % report.output_rel_error
+    # measured (Zen 4): output 0.0041 native, 0.0040 emulated, 0 on none; the largest layer
+    # error 0.0073 / 0.0073 (stage3_conv4). Bounds: 2.5x and 2.7x those; not measured on AMX.
+    assert report.output_rel_error < 0.01, "output error %.4f >= 1%%" % report.output_rel_error
     assert report.top1_agreement == 1.0, "top-1 agreement %.2f" % report.top1_agreement
     assert len(report.layers) == 68, "ResNet-18 has 68 op outputs, report has %d" % len(
         report.layers)
-    assert all(0 <= l.rel_error < 0.05 for l in report.layers), \
+    assert all(0 <= l.rel_error < 0.02 for l in report.layers), \
         "a layer error is out of range: %s" % report.worst(1)
     assert report.samples == 4
     if BF16_KERNELS:
@@ -70,8 +72,10 @@ def test_worst_orders_by_error():
 
 @pytest.mark.cpu_class
 def test_cli_prints_the_report_and_checks_the_threshold():
+    # output error measured (Zen 4): 0.0058 native, 0.0057 emulated, 0 on none; the threshold
+    # is 2.6x that (not measured on AMX)
     cmd = [sys.executable, "-m", "mxamp.compare", "--model", "resnet18_v1", "--batch", "2",
-           "--size", "64", "--worst", "3", "--max-rel-error", "0.02"]
+           "--size", "64", "--worst", "3", "--max-rel-error", "0.015"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, "CLI failed (%d):\n%s" % (proc.returncode, proc.stderr[-2000:])
     out = proc.stdout

@@ -23,8 +23,17 @@ sys.path.insert(0, EXAMPLE_DIR)
 import train_mnist  # noqa: E402
 
 EPOCHS = 3
-MIN_ACCURACY = 0.95
-MAX_GAP = 0.015  # mixed precision may trail fp32 by at most 1.5 accuracy points
+# Measured test accuracies (Zen 4; native / emulated / none): fp32 0.976 / 0.976 / 0.975,
+# patch 0.974 / 0.974 / 0.975, O2 0.973 / 0.973 / 0.977. Not measured on AMX.
+MIN_ACCURACY = 0.95  # 2.3 points under the lowest measured (0.973); the README's promise
+# fp32 minus mixed, measured: patch 0.002 / 0.002 / 0.000, O2 0.003 / 0.003 / -0.002
+MAX_GAP = 0.015  # mixed precision may trail fp32 by at most 1.5 points, 5x the measured 0.003
+# Last-epoch mean loss / first step's loss, measured: 0.014-0.016 (largest: class none, patch
+# 0.0485 / 3.113); the bound is 3x that.
+MAX_LOSS_FALL_RATIO = 0.05
+# |mixed - fp32| last-epoch mean loss / fp32's, measured: patch 0.026 / 0.026 / 0 (exact),
+# O2 0.089 / 0.089 / 0.038 (fp32 0.0482, O2 0.0439 on native); the bound is 3.4x the largest.
+MAX_LOSS_REL_GAP = 0.3
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +78,10 @@ def test_loss_curve_tracks_fp32(results, run):
     fp32_last = sum(results["fp32"]["losses"][-steps:]) / steps
     mixed_last = sum(results[run]["losses"][-steps:]) / steps
     first = results[run]["losses"][0]
-    assert mixed_last < 0.2 * first, (
-        f"bf16 {run}: last-epoch mean loss {mixed_last:.3f} did not fall below a fifth of the "
-        f"first step's {first:.3f}")
-    assert abs(mixed_last - fp32_last) <= 0.05 + 0.5 * fp32_last, (
+    assert mixed_last < MAX_LOSS_FALL_RATIO * first, (
+        f"bf16 {run}: last-epoch mean loss {mixed_last:.3f} did not fall below "
+        f"{MAX_LOSS_FALL_RATIO} of the first step's {first:.3f}")
+    assert abs(mixed_last - fp32_last) <= MAX_LOSS_REL_GAP * fp32_last, (
         f"bf16 {run}: last-epoch mean loss {mixed_last:.4f} is far from fp32's {fp32_last:.4f}")
 
 

@@ -92,9 +92,12 @@ def _load(path):
 def _assert_params_close(actual_path, expected_path, what):
     actual, expected = _load(actual_path), _load(expected_path)
     assert sorted(actual) == sorted(expected), "parameter names differ: %s" % sorted(actual)
+    # Exact: the kvstore adds two workers' gradients (a + b is the same either way round), the
+    # reference's autograd adds the same two, and loss scales are powers of two. Measured
+    # identical, every parameter, in 5 runs (Zen 4, native).
     for name in sorted(actual):
-        np.testing.assert_allclose(actual[name], expected[name], rtol=1e-5, atol=1e-6,
-                                   err_msg="%s: %s" % (what, name))
+        np.testing.assert_array_equal(actual[name], expected[name],
+                                      err_msg="%s: %s" % (what, name))
 
 
 @pytest.fixture(scope="module")
@@ -251,7 +254,9 @@ def test_the_mnist_example_trains_two_workers_that_agree():
     assert len({f[2:] for f in finals}) == 1, (
         "accuracy, skipped steps, scale and weights must be identical on both workers: %s"
         % finals)
-    assert float(finals[0][2]) > 0.75, "one epoch on 2,000 digits per worker reaches > 75%%: %s" % (
+    # measured (Zen 4): 0.886 native and emulated (bfloat16), 0.873 on none (float32 compute);
+    # the bound is 7 points under the lowest (the test runs at this machine's class)
+    assert float(finals[0][2]) > 0.80, "one epoch on 2,000 digits per worker reaches > 80%%: %s" % (
         finals[0],)
     assert finals[0][3] == "1", "the inf injected at step 5 on worker 1 is one skipped step"
 

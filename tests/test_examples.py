@@ -101,12 +101,15 @@ def test_train_mnist_tiny_run_prints_table_and_writes_plot(tmp_path):
         assert "| %s |" % r["what_ran"] in proc.stdout, "the table lacks %r" % r["what_ran"]
     assert "bfloat16 class '" in proc.stdout, "the run must name the CPU's bfloat16 class"
     for name, r in runs.items():
-        # 16 steps on 1000 images: far above chance (10%), and the loss falls.
+        # 16 steps on 1000 images: far above chance (10%), and the loss falls. Measured (Zen 4):
+        # 0.596-0.618 native and emulated, 0.588-0.626 on none (auto/tuned follow what tuning
+        # picks); the bound is 8.8 points under the lowest.
         assert r["test_accuracy"] > 0.5, f"{name}: accuracy {r['test_accuracy']:.3f}"
         assert len(r["losses"]) == 16 and all(np.isfinite(r["losses"])), r["losses"]
         assert np.mean(r["losses"][-4:]) < np.mean(r["losses"][:4]), (
             f"{name}: loss did not fall: {r['losses']}")
-        assert r["peak_rss_mb"] > 50, f"{name}: implausible peak memory {r['peak_rss_mb']} MB"
+        # measured 320-351 MB (Zen 4, every class): a reading under half that is not this run's
+        assert r["peak_rss_mb"] > 160, f"{name}: implausible peak memory {r['peak_rss_mb']} MB"
     assert runs["patch"]["final_loss_scale"] == 1.0 and runs["o2"]["skipped_steps"] == 0
 
 
@@ -243,7 +246,8 @@ def test_convert_resnet_says_what_ran_and_checks_it(tmp_path):
     assert "CPU class %r" % CPU_CLASS in out, out
     error = float(re.search(r"relative L2 error ([0-9.]+)", out).group(1))
     if BF16_KERNELS:
-        assert "bfloat16 compute" in out and 0 < error < 0.02, out
+        # measured (Zen 4): 0.0044 native, 0.0045 emulated; the bound is 2.7x (not run on AMX)
+        assert "bfloat16 compute" in out and 0 < error < 0.012, out
     else:
         assert "float32 compute: this CPU has no bfloat16 kernels" in out and error == 0.0, out
     assert "top-1 agreement 2/2" in out and "re-imported outputs identical: True" in out, out
@@ -304,8 +308,7 @@ def test_every_amp_name_in_the_docs_exists():
     missing = []
     for doc in ("README.md", "docs/migrating.md"):
         path = os.path.join(ROOT, doc)
-        if not os.path.exists(path):
-            continue
+        assert os.path.exists(path), "%s is gone: update this test's list of docs" % doc
         text = open(path).read()
         for name in sorted(set(re.findall(r"(?<![\w.])amp\.([a-z_]\w*)\(", text))):
             if not hasattr(amp, name):

@@ -1,7 +1,7 @@
 """One registry, one exception type, one configuration, the reference's whole surface.
 
 * An operator alias means the same thing at every entry point: each one called with an alias
-  and with the canonical name builds the same graph.
+  and with the canonical name builds the same graph, and not the default one.
 * Every entry point raises one exception type for a bad argument: ``AmpArgumentError``, a
   ``ValueError`` and an ``AssertionError`` (the reference's), and a ``TypeError`` (0.1.0's).
 * ``init_trainer`` shows its defaults in its signature; the scaler's state is versioned and
@@ -22,6 +22,7 @@ from mxamp import amp, dtypes
 from mxamp.errors import AmpArgumentError
 from mxamp.backend.graphs import cast_nodes, graph_nodes
 from mxamp.training.scaler import DEFAULTS, STATE_VERSION, LossScaler
+from bf16_expect import BF16_KERNELS, where
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,49 +39,73 @@ def graph_key(sym):
     return [(n["op"], n.get("attrs", {}).get("dtype")) for n in graph_nodes(sym)]
 
 
-@pytest.mark.parametrize("alias, canonical", [("flatten", "Flatten"),
-                                              ("_npx_fully_connected", "FullyConnected")])
-def test_an_alias_means_the_same_at_every_entry_point(alias, canonical, amp_off):
-    sym = small_symbol()
-    for target in ("float16", "bfloat16"):
-        graphs = [amp.convert_symbol(sym, target, fp32_ops=[name]) for name in (alias, canonical)]
-        assert graph_key(graphs[0]) == graph_key(graphs[1]), (
-            "convert_symbol(%s, fp32_ops=[%r]) differs from [%r]" % (target, alias, canonical))
-    args = {"fc1_weight": mx.nd.ones((8, 4)), "fc1_bias": mx.nd.zeros((8,)),
-            "fc2_weight": mx.nd.ones((2, 8)), "fc2_bias": mx.nd.zeros((2,))}
-    models = [amp.convert_model(sym, args, {}, "float16", fp32_ops=[name])[0]
-              for name in (alias, canonical)]
-    assert graph_key(models[0]) == graph_key(models[1]), "convert_model"
+def _gluon_twin():
     net = mx.gluon.nn.HybridSequential()
     net.add(mx.gluon.nn.Dense(8, activation="relu"), mx.gluon.nn.Flatten(),
             mx.gluon.nn.Dense(2))
     net.initialize()
     net.hybridize()
     net(mx.nd.ones((1, 4)))
-    blocks = [amp.convert_hybrid_block(net, "bfloat16", fp32_ops=[name])
-              for name in (alias, canonical)]
-    assert graph_key(blocks[0]._cached_graph[1]) == graph_key(blocks[1]._cached_graph[1]), \
-        "convert_hybrid_block"
-    report = [amp.accuracy_report(net, mx.nd.ones((1, 4)), "bfloat16", fp32_ops=[name])
-              for name in (alias, canonical)]
-    assert report[0].op_dtypes == report[1].op_dtypes, "accuracy_report (compare)"
+    return net
 
+
+def _bucketing_twin():
     def sym_gen(key):
         return small_symbol(), ("data",), None
     mod = mx.mod.BucketingModule(sym_gen, default_bucket_key=4)
     mod.bind(data_shapes=[("data", (1, 4))], for_training=False)
     mod.init_params()
-    buckets = [amp.convert_bucketing_module(mod, "bfloat16", fp32_ops=[name])
-               for name in (alias, canonical)]
-    assert graph_key(buckets[0]._buckets[4].symbol) == graph_key(buckets[1]._buckets[4].symbol), \
-        "convert_bucketing_module"
+    return mod
+
+
+#: Entry points that build the graph asked for on every CPU class; the others build what the
+#: CPU computes, float32 on class 'none' (bfloat16 requests compute float32 there), where an
+#: op moved to fp32_ops changes nothing.
+GRAPH_ONLY = ("convert_symbol float16", "convert_symbol bfloat16", "convert_model float16")
+
+
+def _entry_point_keys(fp32_ops, net, mod):
+    """What each entry point builds from small_symbol() (or its Gluon and bucketing twins)."""
+    kw = {} if fp32_ops is None else {"fp32_ops": fp32_ops}
+    sym = small_symbol()
+    args = {"fc1_weight": mx.nd.ones((8, 4)), "fc1_bias": mx.nd.zeros((8,)),
+            "fc2_weight": mx.nd.ones((2, 8)), "fc2_bias": mx.nd.zeros((2,))}
+    return {
+        "convert_symbol float16": graph_key(amp.convert_symbol(sym, "float16", **kw)),
+        "convert_symbol bfloat16": graph_key(amp.convert_symbol(sym, "bfloat16", **kw)),
+        "convert_model float16": graph_key(amp.convert_model(sym, args, {}, "float16", **kw)[0]),
+        "convert_hybrid_block": graph_key(
+            amp.convert_hybrid_block(net, "bfloat16", **kw)._cached_graph[1]),
+        "accuracy_report": amp.accuracy_report(net, mx.nd.ones((1, 4)), "bfloat16",
+                                               **kw).op_dtypes,
+        "convert_bucketing_module": graph_key(
+            amp.convert_bucketing_module(mod, "bfloat16", **kw)._buckets[4].symbol)}
+
+
+@pytest.mark.cpu_class
+@pytest.mark.parametrize("alias, canonical", [("flatten", "Flatten"),
+                                              ("_npx_fully_connected", "FullyConnected")])
+def test_an_alias_means_the_same_at_every_entry_point(alias, canonical, amp_off):
+    net, mod = _gluon_twin(), _bucketing_twin()
+    by_alias, by_canonical, default = (_entry_point_keys(ops, net, mod)
+                                       for ops in ([alias], [canonical], None))
+    assert sorted(default) == sorted(GRAPH_ONLY + ("convert_hybrid_block", "accuracy_report",
+                                                   "convert_bucketing_module"))
+    for entry in sorted(default):
+        assert by_alias[entry] == by_canonical[entry], (
+            "%s: fp32_ops=[%r] differs from [%r]" % (entry, alias, canonical))
+        moves = BF16_KERNELS or entry in GRAPH_ONLY
+        assert (by_canonical[entry] != default[entry]) == moves, (
+            "%s: fp32_ops=[%r] %s the default graph %s" % (
+                entry, canonical, "must change" if moves else "cannot change", where()))
     patched = []
-    for name in (alias, canonical):
-        amp.init("bfloat16", fp32_ops=[name])
+    for name in (None, alias, canonical):
+        amp.init("bfloat16", fp32_ops=[name] if name else None)
         patched.append(amp.op_lists().category(canonical))
-        assert amp.op_lists().category(alias) == "fp32", "init moved %s's aliases too" % name
+        if name:
+            assert amp.op_lists().category(alias) == "fp32", "init moved %s's aliases too" % name
         amp.reset()
-    assert patched == ["fp32", "fp32"], "amp.init: %s" % patched
+    assert patched[0] != "fp32" and patched[1:] == ["fp32", "fp32"], "amp.init: %s" % patched
 
 
 def test_the_0_1_0_alias_bug_is_gone():
@@ -179,17 +204,30 @@ def test_readme_scaler_table_matches_the_defaults():
         assert needle in text, "README's loss-scaler table disagrees with the code: %s" % needle
 
 
+#: What mxamp 0.1.0's LossScaler(init_scale=64.0, growth_interval=5).state_dict() gave after
+#: update(False), update(True), update(False), as json stores it: its 13 keys, no 'version'
+#: (produced by mxamp/scaler.py at 0611878^, the last 0.1.0 commit before the versioned state).
+OLD_STATE = {"scale": 32.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 5,
+             "min_scale": 1.0, "max_scale": 16777216.0, "hysteresis": 1, "dynamic": True,
+             "clean_steps": 1, "overflows_since_change": 0, "steps": 3, "skipped_steps": 1,
+             "history": [[2, 32.0, "overflow"]]}
+
+
 def test_scaler_state_is_versioned_and_loads_the_0_1_0_format():
     scaler = LossScaler(init_scale=64.0, growth_interval=5)
     for clean in (False, True, False):
         scaler.update(clean)
     state = scaler.state_dict()
     assert state["version"] == STATE_VERSION == 1
-    old = {k: v for k, v in state.items() if k != "version"}    # exactly 0.1.0's 13 keys
-    assert len(old) == 13
+    assert {k: v for k, v in state.items() if k != "version"} == dict(
+        OLD_STATE, history=[(2, 32.0, "overflow")]), "today's keys are 0.1.0's and 'version'"
     loaded = LossScaler()
-    loaded.load_state_dict(json.loads(json.dumps(old)))          # as a checkpoint stores it
-    assert loaded.state_dict() == state, "a 0.1.0 state must resume identically"
+    loaded.load_state_dict(json.loads(json.dumps(OLD_STATE)))    # as a checkpoint stores it
+    assert (loaded.scale, loaded.growth_interval, loaded.steps, loaded.skipped_steps,
+            loaded.clean_steps, list(loaded.history)) == (32.0, 5, 3, 1, 1, [(2, 32.0, "overflow")])
+    for _ in range(4):      # 1 clean step loaded + 4 = growth_interval: the scale doubles
+        loaded.update(False)
+    assert loaded.scale == 64.0 and loaded.state_dict()["version"] == STATE_VERSION
     minimal = LossScaler()
     minimal.load_state_dict({"scale": 8.0, "version": 1})        # keys added later default
     assert (minimal.scale, minimal.growth_interval) == (8.0, DEFAULTS.growth_interval)

@@ -82,6 +82,7 @@ def test_install_refuses_a_bad_target_and_changes_nothing(amp_off):
     assert _reference_names()[1] is before[1] and not mxamp.is_installed()
 
 
+@pytest.mark.cpu_class
 def test_a_bare_init_means_auto_without_a_gpu(amp_off, caplog):
     assert mx.context.num_gpus() == 0, "this test describes a process without a GPU"
     with caplog.at_level(logging.INFO, logger="mxamp"):
@@ -119,12 +120,13 @@ def test_a_bare_init_with_a_float16_model_runs(amp_off):
 
 
 def test_reinit_keeps_the_first_configuration_like_the_reference(amp_off):
-    amp.init("bfloat16", fp32_ops=["softmax"])
+    # FullyConnected is low precision by default: float32 only if the first init's lists hold
+    amp.init("bfloat16", fp32_ops=["FullyConnected"])
     generation = STATE.generation
-    amp.init()                                  # a library's own bare amp.init()
-    amp.init("bfloat16", fp32_ops=["softmax"])  # the same explicit arguments
+    amp.init()                                         # a library's own bare amp.init()
+    amp.init("bfloat16", fp32_ops=["FullyConnected"])  # the same explicit arguments
     assert STATE.generation == generation and STATE.plan.requested == "bfloat16"
-    assert STATE.plan.lists.category("softmax") == "fp32"
+    assert STATE.plan.lists.category("FullyConnected") == "fp32"
     with pytest.raises(RuntimeError, match="target_dtype='bfloat16'.*target_dtype='float16'"):
         amp.init("float16")
     assert STATE.plan.requested == "bfloat16", "a refused init leaves the first in force"
@@ -151,7 +153,9 @@ import sys
 from mxnet.contrib import amp            # unmodified: the reference's import
 amp.init()                               # unmodified: a bare init, as GPU scripts have
 import mxamp
+from mxamp.runtime.state import STATE
 print("ARGV", sys.argv[1:])
+print("REQUESTED", STATE.plan.requested)
 print("COMPUTE", amp.patch_state()["cpu_compute"], "IS_MXAMP", amp is mxamp.amp)
 sys.exit(int(sys.argv[1]))
 """
@@ -166,10 +170,12 @@ def _run(args, tmp_path):
                           capture_output=True, text=True, env=env, timeout=300, cwd=str(tmp_path))
 
 
+@pytest.mark.cpu_class
 def test_mxamp_run_installs_runs_the_script_and_passes_its_exit_code(tmp_path):
     proc = _run(lambda s: [s, "3", "--lr", "0.1"], tmp_path)
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "ARGV ['3', '--lr', '0.1']" in proc.stdout, proc.stdout
+    assert "REQUESTED auto" in proc.stdout, "no --target: a bare init means 'auto'"
     assert "COMPUTE %s IS_MXAMP True" % AUTO_BY_CLASS in proc.stdout, (proc.stdout, where())
 
 
@@ -177,6 +183,7 @@ def test_mxamp_run_target_sets_what_the_bare_init_means(tmp_path):
     proc, bad = map_side_by_side(lambda target: _run(lambda s: ["--target", target, s, "0"],
                                                      tmp_path / target), ["float16", "int8"])
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "REQUESTED float16" in proc.stdout, "--target float16: %s" % proc.stdout
     assert "COMPUTE float32 IS_MXAMP True" in proc.stdout, \
         "float16 on a CPU computes in float32: %s" % proc.stdout
     assert bad.returncode != 0 and "--target" in bad.stderr, bad.stderr[-500:]
