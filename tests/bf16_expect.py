@@ -76,9 +76,10 @@ def linux_grants_tiles():
     return ctypes.CDLL(None, use_errno=True).syscall(158, 0x1023, 18) == 0
 
 
-def expected_class(flags, environ, tiles_granted=linux_grants_tiles):
+def expected_class(flags, environ, tiles_granted=lambda: True):
     """The bfloat16 class the table above gives for ``flags`` and ``environ``; an AMX CPU also
-    needs Linux to grant the tiles (``tiles_granted()``, asked only there).
+    needs Linux to grant the tiles (``tiles_granted()``, asked only there: a documented CPU's
+    flags assume a Linux that does, :func:`class_here` asks this machine's).
 
     >>> expected_class({'avx2'}, {})
     'none'
@@ -101,8 +102,13 @@ def expected_class(flags, environ, tiles_granted=linux_grants_tiles):
     return min(found, allowed, key=_ORDER.index)
 
 
+def class_here(environ):
+    """This machine's class under ``environ``: its flags, and Linux's answer on an AMX CPU."""
+    return expected_class(_flags(), environ, linux_grants_tiles)
+
+
 #: This process's bfloat16 class.
-CPU_CLASS = expected_class(_flags(), os.environ)
+CPU_CLASS = class_here(os.environ)
 #: The CPU has AMX tiles, whether or not they are in effect.
 HAS_AMX = all(f in _flags() for f in _AMX)
 #: oneDNN has bfloat16 kernels here (emulated or native), so bfloat16 requests compute in it.

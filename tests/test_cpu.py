@@ -86,7 +86,7 @@ def _machine_can_use_amx():
     """Independent of mxamp: the documented table gives class 'amx' with mxamp's AMX switch on
     (the children set it themselves), and Linux grants the tiles."""
     environ = {k: v for k, v in os.environ.items() if k not in ("MXAMP_AMX", "MXAMP_DISABLE_AMX")}
-    return bf16_expect.expected_class(bf16_expect._flags(), environ) == "amx"
+    return bf16_expect.class_here(environ) == "amx"
 
 
 def _assert_bf16_matches_class(result, verbose):

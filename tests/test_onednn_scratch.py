@@ -2,7 +2,7 @@
 where bfloat16 computes in AVX512-BF16, so that a bfloat16 convolution's scratch does not
 outlive its operator (``mxamp/backend/heap.py``, ``bound_primitive_cache``).
 
-The expectations come from this machine's /proc/cpuinfo, read here (``bf16_expect._flags``),
+The expectations come from this machine's /proc/cpuinfo, read here (``bf16_expect.class_here``),
 and from live C-heap bytes (glibc's mallinfo) in child processes: a count, not a time.
 """
 import os
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from bf16_expect import _AMX, _BF16, _CORE, BF16_KERNELS, _flags, expected_class, where
+from bf16_expect import _AMX, _BF16, _CORE, BF16_KERNELS, class_here, expected_class, where
 from live_heap import LIVE_HEAP_SOURCE
 from side_by_side import map_side_by_side
 
@@ -80,7 +80,7 @@ def _scratch_run(environ):
 def _mxamp_should_bound(environ):
     """The documented rule: where the class is 'native' (``bf16_expect``'s table, from this
     test's own reading of the CPU's flags and the environment)."""
-    return expected_class(_flags(), environ) == "native"
+    return class_here(environ) == "native"
 
 
 @pytest.mark.cpu_class
