@@ -33,7 +33,8 @@ import json
 import os
 import subprocess
 import sys
-import time
+
+from bench_bn_layout import pass_times
 
 VARIANTS = ("float32", "none", "reshape_before", "clip_after_bn", "scale_after_relu")
 SHAPE, CHANNELS = (4, 64, 56, 56), 64
@@ -79,14 +80,8 @@ def child(variant, passes=8, warmup=2):
     for w in weights:
         w.attach_grad()
     stats = [[mx.nd.ones((CHANNELS,)) for _ in range(4)] for _ in range(3)]
-    unit, times = _unit(variant), []
-    for _ in range(warmup + passes):
-        start = time.perf_counter()
-        with mx.autograd.record():
-            y = unit(x, weights, stats)
-        y.backward()
-        mx.nd.waitall()
-        times.append(time.perf_counter() - start)
+    unit = _unit(variant)
+    times, y = pass_times(lambda: unit(x, weights, stats), warmup + passes)
     out = float(mx.nd.amp_cast(y, dtype="float32").sum().asscalar())
     print("RESULT " + json.dumps({"variant": variant, "ms": 1e3 * float(np.median(times[warmup:])),
                                   "sum": out, "amx": cpu.cpu_features().amx_in_effect}),
