@@ -18,7 +18,8 @@ primitive time; reorders another third):
 * ``scale_after_relu``: ``x * 1`` (``_mul_scalar``, no oneDNN kernel either) after the ReLU that
   follows BatchNorm, so BatchNorm and the ReLU both keep the convolution's layout forward.
 
-Every variant computes the same numbers (the ops are identities). Each runs in its own process
+Every variant computes the same function (the ops are identities; other BatchNorm kernels round
+otherwise: output sums agree to 2e-6). Each runs in its own process
 that imports mxamp first (no ``amp.init``), so AMX is in effect where mxamp grants it: the median
 forward+backward ms of 8 passes after 2, and with ``--kernels`` the count of oneDNN's BatchNorm
 kernels and reorders from its verbose output. On a CPU without AMX no mismatch arises, so only
