@@ -382,8 +382,8 @@ def _warn_without_amp_init(target, compute, opaque):
     elif compute != "float32" and STATE.target != target:
         LOG.warning("mxamp: cast_model(%s) without amp.init(target_dtype=%r): operators that "
                     "hybrid_forward calls directly (F.batch_dot, F.transpose, F.LayerNorm, ...) "
-                    "now get %s inputs, and some have no %s kernel. Call amp.init(%r) as well "
-                    "to route them to float32.", target, target, target, target, target)
+                    "now get %s inputs; some have no %s kernel, and a bfloat16 transpose corrupts "
+                    "the heap. Call amp.init(%r) as well to route them to float32.", *[target] * 5)
 
 
 def _check_device(block, target, lp_leaves):
