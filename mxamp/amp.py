@@ -161,9 +161,10 @@ def list_fp16_fp32_ops(target_dtype="float16"):
 def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float32",
                example_inputs=None):
     """O2: :func:`mxamp.conversion.o2.cast_model`, and where the model then computes bfloat16
-    without ``amp.init('bfloat16')`` in force, ``amp.init('bfloat16')`` too (logged): the
-    operators ``hybrid_forward`` calls directly get float32 inputs where bfloat16 has no
-    kernel, or corrupts the heap (``transpose``). ``amp.reset()`` undoes it.
+    with no ``amp.init`` in force, ``amp.init('bfloat16')`` too (logged): the operators
+    ``hybrid_forward`` calls directly get float32 inputs where bfloat16 has no kernel, or
+    corrupts the heap (``transpose``). ``amp.reset()`` undoes it. An ``amp.init`` for another
+    target stays in force (a process runs one configuration), and a warning says so.
 
     >>> import mxnet as mx
     >>> net = mx.gluon.nn.Dense(3, in_units=4)

@@ -61,3 +61,21 @@ def test_cast_model_refused_leaves_amp_off(amp_off):
     with pytest.raises(ValueError):
         amp.cast_model(net, "bfloat16", exclude=["no_such_layer"])
     assert not amp.is_initialized(), "a refused cast_model leaves AMP off"
+
+
+@pytest.mark.cpu_class
+def test_cast_model_keeps_another_init_and_warns(amp_off, caplog):
+    """An ``amp.init`` for another target stays in force (a process runs one configuration):
+    ``cast_model`` finishes the cast and warns where the model computes bfloat16, instead of
+    raising half-way through."""
+    amp.init(target_dtype="float16")
+    float16_transpose = mx.nd.transpose   # float16's wrapper: a second init would replace it
+    net = mx.gluon.nn.Dense(3, in_units=4)
+    net.initialize()
+    with caplog.at_level("WARNING", logger="mxamp"):
+        amp.cast_model(net, "bfloat16")
+    assert mx.nd.transpose is float16_transpose and amp.target_dtype() == "float16"
+    warned = [r.getMessage() for r in caplog.records if "without amp.init" in r.getMessage()]
+    # the warning exactly where bfloat16 computes (bf16_expect's table); class none: float32
+    assert len(warned) == (1 if BF16_KERNELS else 0), (warned, where())
+    assert "amp.reset()" in "".join(warned) or not BF16_KERNELS

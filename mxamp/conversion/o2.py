@@ -19,15 +19,12 @@ normalisation layers and the layers the user excludes, which keep float32 parame
 
 What runs depends on the device (:mod:`mxamp.precision.device_plan`). On a CPU without bfloat16
 kernels (class 'none'), ``cast_model(net, 'bfloat16')`` keeps bfloat16 *storage* with float32
-*compute*: it trains as on a bfloat16 CPU as far as weight rounding goes, runs *slower* than
-float32 (the MNIST example's O2: 2.8x float32's time on an AVX2 EPYC) and can hold more memory
-(autograd keeps each float32 weight copy until backward: the benchmark's MLP, 1.13x float32
-under ``DNNL_MAX_CPU_ISA=AVX2``). One warning says so. ``target_dtype='auto'`` picks float16
-on a GPU, bfloat16 where it pays, else float32 (logged). Where the model computes bfloat16,
-``amp.cast_model`` also puts ``amp.init('bfloat16')`` in force (``route_operators``).
-
-Train it with ``amp.init_trainer(trainer)`` (float32 masters, float16 loss scaling) and
-``amp.scale_loss``.
+*compute*: weights round as on a bfloat16 CPU, but it runs *slower* than float32 (MNIST's O2:
+2.8x float32's time on an AVX2 EPYC) and can hold more memory (the benchmark's MLP: 1.13x under
+``DNNL_MAX_CPU_ISA=AVX2``, as autograd keeps each float32 weight copy). One warning says so.
+``'auto'`` picks float16 on a GPU, bfloat16 where it pays, else float32 (logged). Where the model
+computes bfloat16, ``amp.cast_model`` also puts ``amp.init('bfloat16')`` in force. Train it with
+``amp.init_trainer(trainer)`` (float32 masters, float16 loss scaling) and ``amp.scale_loss``.
 
 >>> import mxnet as mx
 >>> net = mx.gluon.nn.HybridSequential()
@@ -281,8 +278,8 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
     example_inputs : NDArray or tuple of NDArrays, optional
         A batch to run once (no gradient) when parameters still wait for deferred init.
     route_operators : callable, optional
-        Called with the target once the model computes bfloat16 with no ``amp.init`` for it in
-        force (``amp.cast_model`` passes one that calls it); without it, a warning says so.
+        Called with the target where the model computes bfloat16 and no ``amp.init`` for it is
+        in force (``amp.cast_model`` passes one that calls ``amp.init``); without it, a warning.
 
     Raises ``TypeError`` for a non-Block or a bad ``exclude`` entry, ``ValueError`` for a bad
     dtype or an exclude name matching no layer, and ``RuntimeError`` for a model cast twice,
@@ -313,13 +310,13 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
     opaque = _cast_low_precision_blocks(low, target, compute, here.fp32_when)
     _install_casts(block, islands, compute, output_dtype)
     block._mxamp_o2_target = target
-    _route_or_warn(target, compute, opaque, route_operators)
+    if STATE.target != target:
+        _route_or_warn(target, compute, opaque, route_operators)
     return block
 
 
 def _checked_arguments(block, target_dtype, output_dtype, exclude):
-    """(requested dtype, output dtype name or None, exclude rules) of cast_model's arguments;
-    a bad one, or a model cast already, raises."""
+    """cast_model's (requested dtype, output dtype or None, exclude rules); bad ones raise."""
     if not isinstance(block, Block):
         raise AmpArgumentError("cast_model needs a gluon Block, got %s" % type(block).__name__)
     requested = dtypes.normalize_request(target_dtype)
@@ -374,21 +371,19 @@ def _install_casts(block, islands, compute, output_dtype):
 
 
 def _route_or_warn(target, compute, opaque, route_operators):
-    """Operators that cast_model cannot wrap get low-precision inputs unless ``amp.init``
-    routes them to float32: have it routed, or say so, when it was not called for this target."""
-    if route_operators is not None and compute == "bfloat16" and not opaque \
-            and STATE.target != target:
-        return route_operators(target)
-    if opaque and STATE.target != target:
+    """No ``amp.init`` for this target: have it route the operators cast_model cannot wrap."""
+    if opaque:
         LOG.warning("mxamp: cast_model(%s): %s are not HybridBlocks, so their %s parameters "
                     "reach their operators as they are, and this CPU has no %s kernels. Call "
                     "amp.init(%r) as well to compute those operators in float32.",
                     target, ", ".join(opaque), target, target, target)
-    elif compute != "float32" and STATE.target != target:
+    elif compute == "bfloat16" and route_operators is not None and not STATE.patched:
+        route_operators(target)   # another amp.init in force stays: a process runs one
+    elif compute != "float32":
         LOG.warning("mxamp: cast_model(%s) without amp.init(target_dtype=%r): operators that "
                     "hybrid_forward calls directly (F.batch_dot, F.transpose, F.LayerNorm, ...) "
                     "now get %s inputs; some have no %s kernel, and a bfloat16 transpose corrupts "
-                    "the heap. Call amp.init(%r) as well to route them to float32.", *[target] * 5)
+                    "the heap. amp.init(%r) (after amp.reset()) routes them.", *[target] * 5)
 
 
 def _check_device(block, target, lp_leaves):
