@@ -174,8 +174,8 @@ def train_one(run, dtype="bfloat16", impl="mxamp", epochs=3, batch_size=64, lr=0
 
     amp = None if run == "fp32" else _import_amp(impl)
     if run in ("patch", "o2"):
-        # O2 as the README advises: amp.init as well, so that ops hybrid_forward calls directly
-        # get float32 inputs where they have no low-precision kernel.
+        # O2 with amp.init first, so that ops hybrid_forward calls directly get float32 inputs
+        # where they have no low-precision kernel (amp.cast_model would call it for bfloat16).
         amp.init(target_dtype=dtype)
     elif run == "auto":
         amp.init(target_dtype="auto")

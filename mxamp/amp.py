@@ -9,6 +9,7 @@ working. What each function does lives in its own module; this one only gathers 
 True
 """
 import importlib
+import logging
 import sys
 
 from mxamp import dtypes, lists
@@ -22,6 +23,8 @@ from mxamp.patching import loss_outputs
 from mxamp.training.trainer import (global_norm_and_overflow, init_trainer, loss_scaler,
                                     scale_loss, unscale)
 from mxamp.precision.policy import Policy
+
+LOG = logging.getLogger(__name__)
 
 __all__ = [
     "init", "init_trainer", "scale_loss", "unscale", "convert_symbol", "convert_model",
@@ -41,8 +44,7 @@ __all__ = [
 LAZY = {"tune": "mxamp.tuning", "accuracy_report": "mxamp.compare",
         "convert_symbol": "mxamp.conversion.convert", "convert_model": "mxamp.conversion.convert",
         "convert_hybrid_block": "mxamp.conversion.convert",
-        "convert_bucketing_module": "mxamp.conversion.convert",
-        "cast_model": "mxamp.conversion.o2"}
+        "convert_bucketing_module": "mxamp.conversion.convert"}
 
 
 def __getattr__(name):
@@ -154,3 +156,31 @@ def list_fp16_fp32_ops(target_dtype="float16"):
     True
     """
     return list_lp16_fp32_ops(target_dtype)
+
+
+def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float32",
+               example_inputs=None):
+    """O2: :func:`mxamp.conversion.o2.cast_model`, and where the model then computes bfloat16
+    with no ``amp.init`` in force, ``amp.init('bfloat16')`` too (logged): the operators
+    ``hybrid_forward`` calls directly get float32 inputs where bfloat16 has no kernel, or
+    corrupts the heap (``transpose``). ``amp.reset()`` undoes it. An ``amp.init`` for another
+    target stays in force (a process runs one configuration), and a warning says so.
+
+    >>> import mxnet as mx
+    >>> net = mx.gluon.nn.Dense(3, in_units=4)
+    >>> net.initialize()
+    >>> cast_model(net, 'bfloat16') is net
+    True
+    >>> reset()
+    """
+    from mxamp.conversion import o2   # the conversion unit loads at first use (LAZY)
+    return o2.cast_model(block, target_dtype, exclude, output_dtype, example_inputs,
+                         route_operators=_route_for_o2)
+
+
+def _route_for_o2(target):
+    LOG.info("mxamp: cast_model(%s) called amp.init(%r): operators that hybrid_forward calls "
+             "directly then compute in float32 where %s has no kernel (amp.reset() undoes "
+             "it; call amp.init yourself first to choose other lists)", target, target, target)
+    init(target_dtype=target)
+

@@ -18,6 +18,16 @@ def seed():
     return 42
 
 
+@pytest.fixture(autouse=True)
+def _amp_off_after():
+    """AMP off after every test, whatever it called: ``amp.cast_model`` puts ``amp.init`` in
+    force where the model computes bfloat16, and a test that forgot ``amp_off`` must not hand
+    its patching to the next test."""
+    yield
+    from mxamp.patching import patcher as patching
+    patching.reset()
+
+
 @pytest.fixture
 def amp_off():
     """Make sure AMP is off before and after the test."""

@@ -5,8 +5,7 @@
 normalisation layers and the layers the user excludes, which keep float32 parameters. Then:
 
 * BatchNorm (and SyncBatchNorm) takes low-precision data with its float32 gamma/beta/statistics
-  directly (its CPU and GPU kernels accept the mix; measured for bfloat16 on CPU, forward
-  and backward).
+  directly (its CPU and GPU kernels accept the mix; measured for bfloat16 on CPU, both ways).
 * LayerNorm, GroupNorm, InstanceNorm, excluded layers and (bfloat16) Embedding and Dropout,
   which have no bfloat16 CPU kernel, compute in float32: their input is cast to float32 and
   their output back to the target, so activations keep one dtype.
@@ -20,15 +19,12 @@ normalisation layers and the layers the user excludes, which keep float32 parame
 
 What runs depends on the device (:mod:`mxamp.precision.device_plan`). On a CPU without bfloat16
 kernels (class 'none'), ``cast_model(net, 'bfloat16')`` keeps bfloat16 *storage* with float32
-*compute*, each parameter cast on use. It trains as on a bfloat16 CPU as far as weight rounding
-goes, runs *slower* than float32 (oneDNN converts bfloat16 with a scalar loop without AVX-512:
-the MNIST example's O2 took 2.8x float32's time on an AVX2 EPYC), and where weights outweigh
-activations it holds more memory, as autograd keeps each float32 weight copy until backward
-(the benchmark's MLP: 1.13x float32 under ``DNNL_MAX_CPU_ISA=AVX2``). One warning says so.
-``target_dtype='auto'`` picks float16 on a GPU, bfloat16 where it pays, else float32 (logged).
-
-Train it with ``amp.init_trainer(trainer)`` (float32 master weights for low-precision
-parameters, dynamic loss scaling for float16) and ``amp.scale_loss``.
+*compute*: weights round as on a bfloat16 CPU, but it runs *slower* than float32 (MNIST's O2:
+2.8x float32's time on an AVX2 EPYC) and can hold more memory (the benchmark's MLP: 1.13x under
+``DNNL_MAX_CPU_ISA=AVX2``, as autograd keeps each float32 weight copy). One warning says so.
+``'auto'`` picks float16 on a GPU, bfloat16 where it pays, else float32 (logged). Where the model
+computes bfloat16, ``amp.cast_model`` also puts ``amp.init('bfloat16')`` in force. Train it with
+``amp.init_trainer(trainer)`` (float32 masters, float16 loss scaling) and ``amp.scale_loss``.
 
 >>> import mxnet as mx
 >>> net = mx.gluon.nn.HybridSequential()
@@ -262,7 +258,7 @@ def _infer_shapes(block, inputs):
 
 
 def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float32",
-               example_inputs=None):
+               example_inputs=None, route_operators=None):
     """Cast a Gluon model for whole-model low-precision training (O2), in place; return it.
 
     Parameters
@@ -281,6 +277,9 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
         dtype of the outputs; None leaves them in the dtype they were computed in.
     example_inputs : NDArray or tuple of NDArrays, optional
         A batch to run once (no gradient) when parameters still wait for deferred init.
+    route_operators : callable, optional
+        Called with the target where the model computes bfloat16 and no ``amp.init`` for it is
+        in force (``amp.cast_model`` passes one that calls ``amp.init``); without it, a warning.
 
     Raises ``TypeError`` for a non-Block or a bad ``exclude`` entry, ``ValueError`` for a bad
     dtype or an exclude name matching no layer, and ``RuntimeError`` for a model cast twice,
@@ -311,13 +310,13 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
     opaque = _cast_low_precision_blocks(low, target, compute, here.fp32_when)
     _install_casts(block, islands, compute, output_dtype)
     block._mxamp_o2_target = target
-    _warn_without_amp_init(target, compute, opaque)
+    if STATE.target != target:
+        _route_or_warn(target, compute, opaque, route_operators)
     return block
 
 
 def _checked_arguments(block, target_dtype, output_dtype, exclude):
-    """(requested dtype, output dtype name or None, exclude rules) of cast_model's arguments;
-    a bad one, or a model cast already, raises."""
+    """cast_model's (requested dtype, output dtype or None, exclude rules); bad ones raise."""
     if not isinstance(block, Block):
         raise AmpArgumentError("cast_model needs a gluon Block, got %s" % type(block).__name__)
     requested = dtypes.normalize_request(target_dtype)
@@ -371,19 +370,20 @@ def _install_casts(block, islands, compute, output_dtype):
                 else None)
 
 
-def _warn_without_amp_init(target, compute, opaque):
-    """Operators that cast_model cannot wrap get low-precision inputs unless ``amp.init``
-    routes them to float32: say so when it was not called for this target."""
-    if opaque and STATE.target != target:
+def _route_or_warn(target, compute, opaque, route_operators):
+    """No ``amp.init`` for this target: have it route the operators cast_model cannot wrap."""
+    if opaque:
         LOG.warning("mxamp: cast_model(%s): %s are not HybridBlocks, so their %s parameters "
                     "reach their operators as they are, and this CPU has no %s kernels. Call "
                     "amp.init(%r) as well to compute those operators in float32.",
                     target, ", ".join(opaque), target, target, target)
-    elif compute != "float32" and STATE.target != target:
+    elif compute == "bfloat16" and route_operators is not None and not STATE.patched:
+        route_operators(target)   # another amp.init in force stays: a process runs one
+    elif compute != "float32":
         LOG.warning("mxamp: cast_model(%s) without amp.init(target_dtype=%r): operators that "
                     "hybrid_forward calls directly (F.batch_dot, F.transpose, F.LayerNorm, ...) "
                     "now get %s inputs; some have no %s kernel, and a bfloat16 transpose corrupts "
-                    "the heap. Call amp.init(%r) as well to route them to float32.", *[target] * 5)
+                    "the heap. amp.init(%r) (after amp.reset()) routes them.", *[target] * 5)
 
 
 def _check_device(block, target, lp_leaves):
