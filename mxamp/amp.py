@@ -160,10 +160,10 @@ def list_fp16_fp32_ops(target_dtype="float16"):
 
 def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float32",
                example_inputs=None):
-    """O2: :func:`mxamp.conversion.o2.cast_model`, and where the model then computes bfloat16
-    with no ``amp.init`` in force, ``amp.init('bfloat16')`` too (logged): the operators
-    ``hybrid_forward`` calls directly get float32 inputs where bfloat16 has no kernel, or
-    corrupts the heap (``transpose``). ``amp.reset()`` undoes it. An ``amp.init`` for another
+    """O2: :func:`mxamp.conversion.o2.cast_model`, and where the model then computes bfloat16,
+    or has bfloat16 parameters in a block that is not hybrid, with no ``amp.init`` in force,
+    ``amp.init('bfloat16')`` too (logged): the operators a block calls directly get float32
+    inputs where bfloat16 has no kernel, or corrupts the heap (``transpose``). ``amp.reset()`` undoes it. An ``amp.init`` for another
     target stays in force (a process runs one configuration), and a warning says so.
 
     >>> import mxnet as mx
@@ -179,8 +179,9 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
 
 
 def _route_for_o2(target):
-    LOG.info("mxamp: cast_model(%s) called amp.init(%r): operators that hybrid_forward calls "
-             "directly then compute in float32 where %s has no kernel (amp.reset() undoes "
-             "it; call amp.init yourself first to choose other lists)", target, target, target)
+    LOG.info("mxamp: cast_model(%s) called amp.init(%r): operators that a block's forward or "
+             "hybrid_forward calls directly then compute in float32 where %s has no kernel "
+             "(amp.reset() undoes it; call amp.init yourself first to choose other lists)",
+             target, target, target)
     init(target_dtype=target)
 

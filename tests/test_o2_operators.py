@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import mxnet as mx
+import numpy as np
 import pytest
 
 from bf16_expect import BF16_KERNELS, where
@@ -18,6 +19,7 @@ from mxamp import amp
 SCRIPT = """
 import math
 import mxnet as mx
+import numpy as np
 from mxnet.gluon import nn
 from mxamp import amp
 
@@ -79,3 +81,37 @@ def test_cast_model_keeps_another_init_and_warns(amp_off, caplog):
     # the warning exactly where bfloat16 computes (bf16_expect's table); class none: float32
     assert len(warned) == (1 if BF16_KERNELS else 0), (warned, where())
     assert "amp.reset()" in "".join(warned) or not BF16_KERNELS
+
+
+class _Plain(mx.gluon.nn.Block):
+    """A block that is not hybrid: cast_model cannot wrap its forward, so its bfloat16 weight
+    reaches ``dot`` as it is."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = self.params.get("weight", shape=(8, 16))
+
+    def forward(self, x):
+        return mx.nd.dot(x, self.weight.data())
+
+
+@pytest.mark.cpu_class
+def test_cast_model_alone_runs_a_block_that_is_not_hybrid(amp_off):
+    """Measured under ``DNNL_MAX_CPU_ISA=AVX2`` before the fix: MXNet refused the forward pass
+    ("Incompatible attr ... expected float32, got bfloat16"), as ``dot`` got a float32 batch and
+    the bfloat16 weight; with ``amp.init`` in force it runs on every class."""
+    mx.random.seed(7)
+    net = _Plain()
+    net.initialize(mx.init.Uniform(1.0))
+    amp.cast_model(net, "bfloat16")
+    assert amp.is_initialized(), "cast_model leaves the operators of an unwrapped block unrouted"
+    x = np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)
+    out = net(mx.nd.array(x)).astype("float32").asnumpy()
+    # the weight as stored (bfloat16 values, exact in float32), multiplied in float64 here
+    weight = net.weight.data().astype("float32").asnumpy().astype(np.float64)
+    expected = x.astype(np.float64) @ weight
+    # max |error| / max |expected|, measured on the Zen 4: 0.00118 where bfloat16 computes
+    # (native and emulated: the output's bfloat16 rounding), 7.9e-08 on class none (float32);
+    # the bounds are about 3x and 13x that
+    err = float(np.abs(out - expected).max() / np.abs(expected).max())
+    assert err < (2 ** -8 if BF16_KERNELS else 1e-6), (err, where())

@@ -22,9 +22,9 @@ kernels (class 'none'), ``cast_model(net, 'bfloat16')`` keeps bfloat16 *storage*
 *compute*: weights round as on a bfloat16 CPU, but it runs *slower* than float32 (MNIST's O2:
 2.8x float32's time on an AVX2 EPYC) and can hold more memory (the benchmark's MLP: 1.13x under
 ``DNNL_MAX_CPU_ISA=AVX2``, as autograd keeps each float32 weight copy). One warning says so.
-``'auto'`` picks float16 on a GPU, bfloat16 where it pays, else float32 (logged). Where the model
-computes bfloat16, ``amp.cast_model`` also puts ``amp.init('bfloat16')`` in force. Train it with
-``amp.init_trainer(trainer)`` (float32 masters, float16 loss scaling) and ``amp.scale_loss``.
+``'auto'``: float16 on a GPU, bfloat16 where it pays, else float32 (logged). Where the model
+computes bfloat16 or has blocks that are not hybrid, ``amp.cast_model`` puts ``amp.init`` in
+force. Train with ``amp.init_trainer`` (float32 masters, float16 loss scaling), ``scale_loss``.
 
 >>> import mxnet as mx
 >>> net = mx.gluon.nn.HybridSequential()
@@ -278,8 +278,8 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
     example_inputs : NDArray or tuple of NDArrays, optional
         A batch to run once (no gradient) when parameters still wait for deferred init.
     route_operators : callable, optional
-        Called with the target where the model computes bfloat16 and no ``amp.init`` for it is
-        in force (``amp.cast_model`` passes one that calls ``amp.init``); without it, a warning.
+        Called with the target where no ``amp.init`` is in force and the model computes bfloat16
+        or has blocks it cannot wrap (``amp.cast_model`` passes ``amp.init``); else a warning.
 
     Raises ``TypeError`` for a non-Block or a bad ``exclude`` entry, ``ValueError`` for a bad
     dtype or an exclude name matching no layer, and ``RuntimeError`` for a model cast twice,
@@ -372,13 +372,13 @@ def _install_casts(block, islands, compute, output_dtype):
 
 def _route_or_warn(target, compute, opaque, route_operators):
     """No ``amp.init`` for this target: have it route the operators cast_model cannot wrap."""
-    if opaque:
+    if route_operators is not None and not STATE.patched and (opaque or compute == "bfloat16"):
+        route_operators(target)   # another amp.init in force stays: a process runs one
+    elif opaque:
         LOG.warning("mxamp: cast_model(%s): %s are not HybridBlocks, so their %s parameters "
                     "reach their operators as they are, and this CPU has no %s kernels. Call "
                     "amp.init(%r) as well to compute those operators in float32.",
                     target, ", ".join(opaque), target, target, target)
-    elif compute == "bfloat16" and route_operators is not None and not STATE.patched:
-        route_operators(target)   # another amp.init in force stays: a process runs one
     elif compute != "float32":
         LOG.warning("mxamp: cast_model(%s) without amp.init(target_dtype=%r): operators that "
                     "hybrid_forward calls directly (F.batch_dot, F.transpose, F.LayerNorm, ...) "
