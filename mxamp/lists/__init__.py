@@ -17,9 +17,11 @@ Categories (every forward operator registered in libmxnet 1.9.1 is in exactly on
 ``conditional_fp32``
     float32 only when a parameter has one of some values (``Activation(act_type='softrelu')``).
 
-Two more tables qualify these: ``fp32_params`` names the inputs of a low-precision op that stay
-float32 (BatchNorm statistics), and ``no_cpu_kernel`` the low-precision ops that have no kernel
-for the target on a CPU (they stay float32 there, so a GPU script still runs on a laptop).
+More tables qualify these: ``fp32_params`` names the inputs of a low-precision op that stay
+float32 (BatchNorm statistics), ``no_cpu_kernel`` the low-precision ops that have no kernel
+for the target on a CPU (they stay float32 there, so a GPU script still runs on a laptop), and
+``fp32_on_every_cpu`` the ops no CPU class runs in the target (float32 on a CPU whatever an
+override says: bfloat16's ``transpose`` corrupts the heap).
 
 >>> from mxamp.lists import get_op_lists
 >>> lists = get_op_lists('bfloat16')
@@ -60,6 +62,9 @@ class OpLists:
     #: conditional op -> the category it has where its condition does not hold ('neutral' if
     #: absent): a conditional float32 rule leaves the op in its own list elsewhere
     conditional_base: dict = field(default_factory=dict)
+    #: ops computed in float32 on every CPU whatever their category (no working kernel for the
+    #: target on any class, or one that corrupts memory): an override cannot hand them the target
+    fp32_on_every_cpu: frozenset = frozenset()
     #: CPU bfloat16 class -> {op: (Condition, ...)}: where these hold on that class the op runs
     #: in float32 whatever its category (shapes whose kernel is broken or slow there)
     fp32_when_by_cpu_class: dict = field(default_factory=dict)
@@ -325,6 +330,7 @@ def get_op_lists(target):
         no_cpu_kernel=frozenset(data.NO_CPU_KERNEL),
         reasons=reasons,
         no_kernel_by_cpu_class=by_class,
+        fp32_on_every_cpu=frozenset(getattr(data, "FP32_ON_EVERY_CPU", {})),
         fp32_when_by_cpu_class=fp32_when,
     )
 

@@ -77,6 +77,14 @@ DIFF_FP32 = {
     "_sample_multinomial": R_NO_BF16, "sample_multinomial": R_NO_BF16,
 }
 
+# Every op above computes in float32 on any CPU, whatever category an override list gives it:
+# none has a working bfloat16 CPU kernel on any class, and a bfloat16 transpose corrupts the
+# heap on every class (measured on the Zen 4: "malloc(): corrupted top size" natively and under
+# DNNL_MAX_CPU_ISA=AVX512_CORE, a segfault under AVX2). Before, amp.init('bfloat16',
+# fp32_ops=['dot']), whose list replaces the default, left transpose dtype-neutral, and the
+# first bfloat16 tensor it met aborted the process ("free(): corrupted unsorted chunks").
+FP32_ON_EVERY_CPU = dict(DIFF_FP32)
+
 # Multi-input ops: nothing beyond common's (float16's extra ones lack a bfloat16 kernel: FP32).
 DIFF_WIDEST = {}
 

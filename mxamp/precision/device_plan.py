@@ -150,8 +150,8 @@ def device_plan(requested, lists, device, float32_because=""):
 
     >>> from mxamp.lists import get_op_lists
     >>> p = device_plan('bfloat16', get_op_lists('bfloat16'), 'none')
-    >>> p.compute, sorted(p.fp32_ops)[:3]
-    ('float32', ['Activation', 'BatchNorm', 'Convolution'])
+    >>> p.compute, {'Convolution', 'transpose'} <= p.fp32_ops   # no kernel here; none anywhere
+    ('float32', True)
     """
     if device != GPU and device not in BF16_CLASSES:
         raise AmpArgumentError("device must be %r or a CPU class %s, got %r"
@@ -162,7 +162,7 @@ def device_plan(requested, lists, device, float32_because=""):
     elif lists.target == "float16":
         fp32_ops, reason = low, _WHY_FLOAT32["float16"]
     else:
-        fp32_ops = frozenset(lists.missing_kernels(device))
+        fp32_ops = frozenset(lists.missing_kernels(device)) | lists.fp32_on_every_cpu
         reason = _WHY_FLOAT32.get(device, "")
         if requested == dtypes.AUTO and device not in NATIVE_CLASSES:
             fp32_ops |= low

@@ -2,20 +2,19 @@
 
 ``amp.init``, every ``convert_*``, ``cast_model``, ``tune``, ``python -m mxamp.doctor``,
 ``amp.precision_plan`` and ``amp.precision_of`` turn their request into a :class:`Plan` with
-:func:`make`, and read from it what runs in which precision where. :func:`make` works top down,
-in one pass:
+:func:`make`, and read from it what runs in which precision where. :func:`make`, in one pass:
 
 1. the request: ``target_dtype`` (any spelling, or ``'auto'``) or a tuned
    :class:`~mxamp.precision.policy.Policy`, checked;
 2. the op lists: mxamp's data (:mod:`mxamp.lists`), edits made to the reference's module lists,
    the caller's overrides and the policy's additions, every name resolved through the operator
    registry (:func:`mxamp.precision.resolve.lists_for`);
-3. per device the model runs on (a GPU, or this CPU's bfloat16 class): the class rules (ops it
-   has no kernel for, shapes it must not run in bfloat16) and, for ``'auto'``, the machine
-   probe's verdict (:func:`mxamp.precision.device_plan`);
-4. per operator, an :class:`OpRule`; :func:`decide` applies it to one call (the wrappers of
-   :mod:`mxamp.patching.wrappers`, at call time), :meth:`Plan.graph_lists` gives the lists a graph pass
-   applies per node (:mod:`mxamp.conversion.convert`), and :mod:`mxamp.conversion.o2` reads the device plan per layer.
+3. per device the model runs on (a GPU, or this CPU's bfloat16 class): the ops without a working
+   kernel there, the shapes it must not run in bfloat16, and for ``'auto'`` the probe's verdict
+   (:func:`mxamp.precision.device_plan`);
+4. per operator, an :class:`OpRule`; :func:`decide` applies it per call (the wrappers of
+   :mod:`mxamp.patching.wrappers`), :meth:`Plan.graph_lists` per graph node
+   (:mod:`mxamp.conversion.convert`), and :mod:`mxamp.conversion.o2` reads the device plan per layer.
 
 >>> from mxamp.precision import plan
 >>> p = plan.make('bfloat16', ['native'])
@@ -259,8 +258,8 @@ class Plan:
 
     def announce(self, what="mxamp", stacklevel=4):
         """Say what runs: one warning per process for a request a device cannot serve well
-        (:func:`mxamp.precision.device_plan.cpu_notice`), and one log line per device for 'auto', a policy,
-        or ops kept in float32 for want of a kernel.
+        (:func:`mxamp.precision.device_plan.cpu_notice`) or an override it cannot serve, and one
+        log line per device for 'auto', a policy, or ops kept in float32 for want of a kernel.
 
         >>> make('auto', ['none']).announce()      # 'auto' never warns; it logs what it chose
         """
@@ -268,9 +267,20 @@ class Plan:
             STATE.warn_once(cpu_notice(dplan), stacklevel=stacklevel)
             if self.requested == dtypes.AUTO or self.policy is not None:
                 LOG.info("%s: %s", what, self.describe(dplan))
-            elif dplan.fp32_ops and dplan.device != GPU and dplan.low_precision:
-                LOG.info("%s: no %s kernel on a CPU of class %r, kept in float32: %s", what,
-                         self.target, dplan.device, op_summary(dplan.fp32_ops))
+            elif dplan.device != GPU:
+                self._say_cpu_fp32(dplan, what, stacklevel)
+
+    def _say_cpu_fp32(self, dplan, what, stacklevel):
+        """Log the ops kept in float32 beyond the fp32 list; warn of overrides no CPU serves."""
+        lists = self.lists
+        beyond, refused = dplan.fp32_ops - lists.fp32, lists.low_precision & lists.fp32_on_every_cpu
+        if beyond and dplan.low_precision:
+            LOG.info("%s: no working %s kernel on a CPU of class %r, kept in float32: %s", what,
+                     self.target, dplan.device, op_summary(beyond))
+        if refused:
+            STATE.warn_once("mxamp: target_precision_ops names ops that stay float32 on a CPU: "
+                            + "; ".join("%s (%s)" % (o, lists.reasons[o]) for o in sorted(refused)),
+                            stacklevel=stacklevel + 1)
 
     def describe(self, dplan=None):
         """One line: the request (or policy), the device, what runs.
