@@ -272,3 +272,14 @@ def test_no_reason_constant_is_defined_twice():
     for module in (float16, bfloat16):
         for name, value in defined["mxamp.lists.common"].items():
             assert getattr(module, name) == value, (module.__name__, name)
+
+
+def test_explain_transpose_says_no_class_runs_it_in_bfloat16(capsys):
+    """transpose's bfloat16 kernel corrupts the heap on every class (measured on the Zen 4 under
+    each cap: tests/test_every_cpu_fp32.py checks it), so no class may say "kernel present"."""
+    _, info = explained(capsys, "transpose")
+    bf16 = info["bfloat16"]
+    assert bf16["category"] == "fp32" and "corrupts the heap" in bf16["reason"], bf16
+    for cpu_class in BF16_CLASSES:
+        assert bf16["cpu class %s" % cpu_class] == \
+            "no working kernel on any class, float32 whatever the lists say", cpu_class

@@ -175,10 +175,13 @@ def _print_cpu_kernel(module, names, out):
 def _print_cpu_classes(module, names, out):
     """Print, per CPU class, whether the op has a kernel and where its shape rules hold."""
     width = max(len(c) for c in BF16_CLASSES)
+    everywhere = _first(getattr(module, "FP32_ON_EVERY_CPU", {}), names)
     for cpu_class in BF16_CLASSES:
         missing = _first(module.NO_KERNEL_BY_CPU_CLASS.get(cpu_class, {}), names)
         state = "kernel present" if missing is None else (
             "no kernel, computed in float32" + (" (%s)" % missing if missing else ""))
+        if everywhere is not None:   # FP32_ON_EVERY_CPU: whatever category an override gives it
+            state = "no working kernel on any class, float32 whatever the lists say"
         rules = _first(getattr(module, "FP32_WHEN_BY_CPU_CLASS", {}).get(cpu_class, {}), names)
         for tests, if_unknown, why in rules or ():
             state += "; float32 where %s: %s" % (Condition(tests, if_unknown).describe(), why)
