@@ -41,6 +41,7 @@ from mxamp.backend.cpu import BF16_CLASSES, NATIVE_CLASSES, cpu_features
 from mxamp.backend.devices import GPU, cpu_class
 from mxamp.backend.probe import MIN_SPEEDUP, known_result, machine_probe, probe_enabled
 from mxamp.errors import AmpArgumentError
+from mxamp.lists.bfloat16 import FP32_ON_EVERY_CPU
 from mxamp.lists.float16 import NO_CPU_KERNEL_WHY
 from mxamp.runtime.depthwise_graphs import FLOAT32_GRAPH, STEER_BATCHNORM
 
@@ -232,7 +233,7 @@ def cpu_notice(dplan):
                 "parameters with float32 compute (slower than float32; more memory where weights "
                 "outweigh activations, as autograd keeps their float32 copies). AMP stays on "
                 "(the loss scaler still skips non-finite steps). target_dtype='auto' picks float32."
-                % (": " + why if why else "", op_summary(p.fp32_ops)))
+                % (": " + why if why else "", op_summary(p.fp32_ops - set(FP32_ON_EVERY_CPU))))
     if p.device == "native" and amx_idle_here(p.device):
         features = cpu_features()
         if features.amx_enabled and not features.amx_in_effect:
