@@ -163,8 +163,9 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
     """O2: :func:`mxamp.conversion.o2.cast_model`, and where the model then computes bfloat16,
     or has bfloat16 parameters in a block that is not hybrid, with no ``amp.init`` in force,
     ``amp.init('bfloat16')`` too (logged): the operators a block calls directly get float32
-    inputs where bfloat16 has no kernel, or corrupts the heap (``transpose``). ``amp.reset()`` undoes it. An ``amp.init`` for another
-    target stays in force (a process runs one configuration), and a warning says so.
+    inputs where bfloat16 has no kernel, or corrupts the heap (``transpose``). ``amp.reset()``
+    undoes it. An ``amp.init`` for another target stays in force (a process runs one
+    configuration), and a warning says so.
 
     >>> import mxnet as mx
     >>> net = mx.gluon.nn.Dense(3, in_units=4)
@@ -184,4 +185,3 @@ def _route_for_o2(target):
              "(amp.reset() undoes it; call amp.init yourself first to choose other lists)",
              target, target, target)
     init(target_dtype=target)
-

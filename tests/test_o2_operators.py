@@ -19,7 +19,6 @@ from mxamp import amp
 SCRIPT = """
 import math
 import mxnet as mx
-import numpy as np
 from mxnet.gluon import nn
 from mxamp import amp
 

@@ -150,10 +150,10 @@ def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=
     amp_plan = _plan(target_dtype, [symbol_device()], target_dtype_ops, fp32_ops,
                      conditional_fp32_ops, allow_widest_overrides, policy, "float16")
     lists = amp_plan.lists
-    if amp_plan.requested == dtypes.AUTO:   # for this machine; else the graph as requested,
+    if amp_plan.requested == dtypes.AUTO:   # for this machine
         lists = amp_plan.graph_lists()
         amp_plan.announce()
-    else:   # save the ops that no CPU runs in the target (a bfloat16 transpose corrupts memory)
+    else:   # as requested, save the ops no CPU runs in the target (bfloat16 transpose: heap)
         lists = lists.computing_in_fp32(lists.fp32_on_every_cpu)
     excluded = check_name_list(excluded_sym_names, "excluded_sym_names") or []
     node_names = [n["name"] for n in graph_nodes(sym)]
