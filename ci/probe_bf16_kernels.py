@@ -19,6 +19,7 @@ Usage::
     python ci/probe_bf16_kernels.py                       # ops the bf16 lists run in bf16
     python ci/probe_bf16_kernels.py --all --dtype float16 # every forward op, float16
     python ci/probe_bf16_kernels.py --ops transpose,Embedding --out /tmp/probe.txt
+    python ci/probe_bf16_kernels.py --backward            # input gradients instead of outputs
 
 Exit status 1 when any probed op crashes, raises, times out or gives wrong numbers. It needs
 no network and takes about four minutes on two cores for the ~420 ops of the bf16 lists.
@@ -28,7 +29,6 @@ import argparse
 import gc
 import json
 import os
-import re
 import select
 import signal
 import sys
@@ -42,15 +42,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import mxnet as mx  # noqa: E402
 from mxamp.backend.forked import without_core_dump  # noqa: E402
 from mxamp.backend.registry import op_info  # noqa: E402
-from probe_recipes import GENERIC_SHAPES, RECIPES, SCALAR_KW  # noqa: E402  (lives beside us)
+from probe_recipes import RANDOM_OP, recipes_for  # noqa: E402  (lives beside us)
 
 BFLOAT16 = np.dtype([("bfloat16", np.uint16)])
-
-#: Ops whose output is random: only dtype and shape are compared, not values.
-RANDOM_OP = re.compile(r"random|sample|shuffle|dropout|bernoulli|choice|multinomial|"
-                       r"^_npi_(normal|uniform|gamma|exponential|pareto|powerd|rayleigh|"
-                       r"weibull|gumbel|logistic)")
-
 
 def _op_info(name):
     info = op_info(name)
@@ -71,30 +65,6 @@ def forward_ops():
         handle, canonical, _, _ = _op_info(name)
         groups.setdefault(canonical, set()).add(name)
     return {canon: sorted(names) for canon, names in groups.items()}
-
-
-def _generic_recipes(name):
-    _, _, args, kv_name = _op_info(name)
-    tensors = [a for a, t in args if t.startswith("NDArray-or-Symbol")]
-    variadic = any(t.startswith("NDArray-or-Symbol[]") for _, t in args)
-    if not tensors:
-        return []
-    recipes = []
-    # Trailing inputs may be optional (softmax's ``length``): also try with fewer of them.
-    for count in ([2] if variadic else range(len(tensors), 0, -1)):
-        kwargs = {}
-        if kv_name:
-            kwargs[kv_name] = count
-        if any(a == "scalar" for a, _ in args):
-            kwargs.update(SCALAR_KW)
-        # Samplers loop forever on negative rates: feed them positive values.
-        kind = "f" if RANDOM_OP.search(name) else "n"
-        recipes += [([(kind, shape)] * count, dict(kwargs)) for shape in GENERIC_SHAPES]
-    return recipes
-
-
-def recipes_for(name, canonical):
-    return RECIPES.get(canonical) or RECIPES.get(name) or _generic_recipes(name)
 
 
 # ------------------------------------------- child side --------------------------------------
@@ -161,16 +131,44 @@ def _invoke(handle, arrays, kwargs, np_op):
         return [(_as_float32(o), o.dtype) for o in outs]
 
 
-def _compare(ref, got, dtype, random_output):
+def _invoke_backward(handle, arrays, kwargs, np_op, kinds):
+    """The gradients of the op's float outputs (unit head gradients) for its float inputs.
+
+    ``kinds`` are the recipe's input kinds: data ('f', 'n') and float32 parameters ('F') get
+    gradients, indices and masks do not. Returns ``[]`` when the op has no float output.
+    """
+    from mxnet._ctypes.ndarray import _imperative_invoke
+    wrt = [i for i, kind in enumerate(kinds) if kind in "fnF"]
+    for i in wrt:
+        arrays[i].attach_grad()
+    keys, vals = list(kwargs), [str(v) for v in kwargs.values()]
+    with mx.util.np_shape(np_op), mx.util.np_array(np_op):
+        with mx.autograd.record():
+            out = _imperative_invoke(handle, arrays, keys, vals, None, np_op, True)
+        outs = out if isinstance(out, (list, tuple)) else [out]
+        heads = [o for o in outs if o.dtype in (np.float32, np.float16, BFLOAT16)]
+        if not heads:
+            return []
+        mx.autograd.backward(heads)
+        grads = [(_as_float32(arrays[i].grad), arrays[i].grad.dtype) for i in wrt]
+        mx.nd.waitall()  # a forward error nobody read surfaces here, not in the heap churn
+        return grads
+
+
+def _compare(ref, got, dtype, random_output, got_dtypes=None):
     """(status, detail): 'ok' when the target's outputs match the float32 ones.
+
+    ``got_dtypes`` are the dtypes the target run must return (a gradient has its input's
+    dtype); by default every output that is float32 in the reference is ``dtype``.
 
     The tolerance is loose on purpose (reductions inside an op add rounding): the probe looks
     for missing or broken kernels, whose errors are O(1) or NaN, not for last-bit accuracy.
     """
     tol = 0.05 if dtype == "bfloat16" else 0.01
-    for (ref_val, ref_dt), (got_val, got_dt) in zip(ref, got):
-        if ref_dt == np.float32 and got_dt != _to_mx_dtype(dtype):
-            return "dtype", "output dtype %s, expected %s" % (got_dt, dtype)
+    for number, ((ref_val, ref_dt), (got_val, got_dt)) in enumerate(zip(ref, got)):
+        want = got_dtypes[number] if got_dtypes else (dtype if ref_dt == np.float32 else None)
+        if want and got_dt != _to_mx_dtype(want):
+            return "dtype", "output dtype %s, expected %s" % (got_dt, want)
         if ref_val.shape != got_val.shape:
             return "mismatch", "shape %s vs float32 %s" % (got_val.shape, ref_val.shape)
         if random_output or ref_val.size == 0:
@@ -185,7 +183,8 @@ def _compare(ref, got, dtype, random_output):
     return "ok", ""
 
 
-def _child_probe(name, canonical, dtype, handle, fp32_when=None, widest=False):
+def _child_probe(name, canonical, dtype, handle, fp32_when=None, widest=False,
+                 backward=False):
     np_op = name.startswith(("_np", "_npi", "_npx"))
     random_output = bool(RANDOM_OP.search(canonical))
     recipes = recipes_for(name, canonical)
@@ -198,19 +197,28 @@ def _child_probe(name, canonical, dtype, handle, fp32_when=None, widest=False):
             continue  # CONDITIONAL_FP32 runs this case in float32: nothing to check
         rng = np.random.default_rng(7 + number)
         host = _make_inputs(specs, dtype, rng, widest)
+        if backward:
+            kinds = [spec[0] for spec in specs]
+            invoke = lambda arrays: _invoke_backward(handle, arrays, kwargs, np_op, kinds)  # noqa: E731,E501
+        else:
+            invoke = lambda arrays: _invoke(handle, arrays, kwargs, np_op)  # noqa: E731
         try:
-            ref = _invoke(handle, [_to_nd(v, "float32" if f == dtype else f) for v, f in host],
-                          kwargs, np_op)
+            ref = invoke([_to_nd(v, "float32" if f == dtype else f) for v, f in host])
+            if backward and not ref:
+                raise ValueError("no float output to differentiate")
         except Exception as err:  # noqa: BLE001 - recipe does not fit this op; try the next
             last_fp32_error = str(err).strip().splitlines()[-1][:160]
+            _drain_errors()
             continue
         tried += 1
         try:
-            got = _invoke(handle, [_to_nd(v, f) for v, f in host], kwargs, np_op)
+            got = invoke([_to_nd(v, f) for v, f in host])
         except Exception as err:  # noqa: BLE001
             status, detail = "no_kernel", str(err).strip().splitlines()[-1][:200]
+            _drain_errors()
         else:
-            status, detail = _compare(ref, got, dtype, random_output)
+            status, detail = _compare(ref, got, dtype, random_output, backward and [
+                feed for (_, feed), spec in zip(host, specs) if spec[0] in "fnF"])
         if status != "ok":
             shapes = "x".join(str(s[1]) for s in specs).replace(" ", "")
             problems.append((rank[status], status, "[%s %s] %s" % (
@@ -222,6 +230,16 @@ def _child_probe(name, canonical, dtype, handle, fp32_when=None, widest=False):
         return {"status": worst, "detail": "%d/%d recipes fail: %s" % (
             len(problems), tried, " | ".join(p[2] for p in problems))}
     return {"status": "ok", "detail": "%d recipe(s)" % tried}
+
+
+def _drain_errors():
+    """Wait for the engine and drop what it raises: a failed call can leave an asynchronous
+    error behind (a forward that failed before a synchronous backward error), which would
+    otherwise surface in the next recipe or in the heap churn."""
+    try:
+        mx.nd.waitall()
+    except Exception:  # noqa: BLE001 - already reported through the synchronous error
+        pass
 
 
 def _churn_heap():
@@ -236,12 +254,13 @@ def _churn_heap():
 
 
 # ------------------------------------------ parent side --------------------------------------
-def probe(name, dtype, fp32_when=None, widest=False, timeout=60.0):
+def probe(name, dtype, fp32_when=None, widest=False, timeout=60.0, backward=False):
     """Probe one op in a forked child; returns a result dict (status, detail).
 
     ``fp32_when`` is the op's CONDITIONAL_FP32 entry ``(parameter, values)``: recipes that set
     the parameter to one of the values are not run (AMP runs them in float32). ``widest``
-    feeds every float input in ``dtype``, as AMP does for widest-type ops.
+    feeds every float input in ``dtype``, as AMP does for widest-type ops. ``backward``
+    compares the input gradients instead of the outputs.
     """
     handle, canonical, _, _ = _op_info(name)
     read_fd, write_fd = os.pipe()
@@ -252,7 +271,7 @@ def probe(name, dtype, fp32_when=None, widest=False, timeout=60.0):
         without_core_dump()
         os.dup2(err_file.fileno(), 2)
         try:
-            result = _child_probe(name, canonical, dtype, handle, fp32_when, widest)
+            result = _child_probe(name, canonical, dtype, handle, fp32_when, widest, backward)
             _churn_heap()
         except BaseException as err:  # noqa: BLE001 - report anything that escapes
             result = {"status": "error", "detail": repr(err)[:200]}
@@ -307,6 +326,8 @@ def main(argv=None):
     parser.add_argument("--ops", default="", help="comma-separated op names to probe")
     parser.add_argument("--out", default="", help="also write the results table here")
     parser.add_argument("--json", default="", help="also write the results as JSON here")
+    parser.add_argument("--backward", action="store_true",
+                        help="compare input gradients (autograd) instead of outputs")
     args = parser.parse_args(argv)
 
     ops = forward_ops()
@@ -330,15 +351,15 @@ def main(argv=None):
     results, start = [], time.time()
     for canon in sorted(chosen, key=str.lower):
         result = probe(chosen[canon], args.dtype, conditions.get(chosen[canon]),
-                       chosen[canon] in widest)
+                       chosen[canon] in widest, backward=args.backward)
         result["aliases"] = [n for n in ops[canon] if n != result["op"]]
         results.append(result)
         print("%-48s %-9s %s" % (result["op"], result["status"], result["detail"]), flush=True)
     counts = {}
     for result in results:
         counts[result["status"]] = counts.get(result["status"], 0) + 1
-    summary = "# %s: %d ops probed in %.0f s: %s" % (
-        args.dtype, len(results), time.time() - start,
+    summary = "# %s%s: %d ops probed in %.0f s: %s" % (
+        args.dtype, " backward" if args.backward else "", len(results), time.time() - start,
         ", ".join("%s %d" % kv for kv in sorted(counts.items())))
     print(summary)
     if args.out:

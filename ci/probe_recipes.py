@@ -1,9 +1,13 @@
 """Input recipes for ci/probe_bf16_kernels.py: how to call each operator with small tensors.
 
-Ops without a recipe get generic ones built from their signature (see ``_generic_recipes`` in
-the probe). A recipe names the dtype role of every input, so the probe can feed parameters and
-indices in float32 beside low-precision data, as networks do.
+Ops without a recipe get generic ones built from their signature (``_generic_recipes``). A
+recipe names the dtype role of every input, so the probe can feed parameters and indices in
+float32 beside low-precision data, as networks do.
 """
+import re
+
+from mxamp.backend.registry import op_info
+
 # ---------------------------------------------------------------------------------------------
 # Input recipes. An input spec is (kind, shape[, extra]):
 #   'f'  float in [0.5, 1.5), given in the probed dtype      'n'  float in [-1, 1), probed dtype
@@ -189,3 +193,34 @@ RECIPES = {
 
 GENERIC_SHAPES = (S2, S4)
 SCALAR_KW = {"scalar": 0.75}
+
+#: Ops whose output is random: only dtype and shape are compared, not values.
+RANDOM_OP = re.compile(r"random|sample|shuffle|dropout|bernoulli|choice|multinomial|"
+                       r"^_npi_(normal|uniform|gamma|exponential|pareto|powerd|rayleigh|"
+                       r"weibull|gumbel|logistic)", re.IGNORECASE)
+
+
+def _generic_recipes(name):
+    info = op_info(name)
+    args, kv_name = list(info.arguments), info.key_var_num_args
+    tensors = [a for a, t in args if t.startswith("NDArray-or-Symbol")]
+    variadic = any(t.startswith("NDArray-or-Symbol[]") for _, t in args)
+    if not tensors:
+        return []
+    recipes = []
+    # Trailing inputs may be optional (softmax's ``length``): also try with fewer of them.
+    for count in ([2] if variadic else range(len(tensors), 0, -1)):
+        kwargs = {}
+        if kv_name:
+            kwargs[kv_name] = count
+        if any(a == "scalar" for a, _ in args):
+            kwargs.update(SCALAR_KW)
+        # Samplers loop forever on negative rates: feed them positive values.
+        kind = "f" if RANDOM_OP.search(name) else "n"
+        recipes += [([(kind, shape)] * count, dict(kwargs)) for shape in GENERIC_SHAPES]
+    return recipes
+
+
+def recipes_for(name, canonical):
+    """The recipes for one op: its own from :data:`RECIPES`, else generic ones."""
+    return RECIPES.get(canonical) or RECIPES.get(name) or _generic_recipes(name)

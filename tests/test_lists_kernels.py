@@ -184,7 +184,8 @@ def probe_runs():
     and crashes, never times."""
     commands = {"crashes": ("--ops", "transpose,Dropout,relu,FullyConnected"),
                 "bf16 lists": ("--ops", ",".join(_bf16_list_ops())),
-                "fp16": ("--dtype", "float16", "--ops", ",".join(FP16_NO_KERNEL_OPS))}
+                "fp16": ("--dtype", "float16", "--ops", ",".join(FP16_NO_KERNEL_OPS)),
+                "backward": ("--backward", "--ops", "gather_nd,broadcast_mod,relu,take")}
     return dict(zip(commands, map_side_by_side(lambda args: _probe(*args), commands.values())))
 
 
@@ -196,6 +197,19 @@ def test_probe_reports_crashes_and_missing_kernels(probe_runs):
                     "FullyConnected": _expected_status("FullyConnected")}, \
         "probe output %s was:\n%s%s" % (where(), run.stdout, run.stderr[-800:])
     assert run.returncode == 1, "a failing op must give a non-zero exit status"
+
+
+@pytest.mark.cpu_class
+def test_probe_compares_gradients_with_backward(probe_runs):
+    """``--backward`` finds the faults forward runs miss: gather_nd's bf16 backward raises and
+    mod's returns zeros, while relu and take train fine; the lists keep the first two float32."""
+    run, rows = probe_runs["backward"]
+    assert rows == {"gather_nd": "no_kernel", "broadcast_mod": "mismatch", "relu": "ok",
+                    "take": "ok"}, "probe output %s was:\n%s%s" % (where(), run.stdout,
+                                                                  run.stderr[-800:])
+    assert run.returncode == 1, "a failing op must give a non-zero exit status"
+    fp32 = get_op_lists("bfloat16").fp32
+    assert "gather_nd" in fp32 and "broadcast_mod" in fp32
 
 
 @pytest.mark.cpu_class

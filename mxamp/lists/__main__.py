@@ -222,7 +222,7 @@ def diff(out=None):
     ...
       square (+_sparse_square)  float16: fp32: overflows fp16 above 256  |  bfloat16: neutral
     ...
-    46 ops classified differently by float16 and bfloat16 (57 names with their aliases)
+    62 ops classified differently by float16 and bfloat16 (78 names with their aliases)
     0
     """
     out = sys.stdout if out is None else out

@@ -14,7 +14,9 @@ range-driven ones (``square``) run in bfloat16. MXNet 1.9.1 lacks bfloat16 CPU k
 ops: each op in the NEUTRAL, WIDEST, LOW_PRECISION and CONDITIONAL_FP32 tables was run on
 bfloat16 input by ``ci/probe_bf16_kernels.py`` (2-D and 4-D shapes, forked child per op, results
 compared with float32); the ones that raise, crash or give wrong numbers sit in DIFF_FP32 under
-"No working bfloat16 CPU kernel" with the probe's finding as the reason. ``transpose`` is the
+"No working bfloat16 CPU kernel" with the probe's finding as the reason. The same probe with
+``--backward`` compares input gradients: the ops whose bfloat16 backward raises or gives zeros
+(``gather_nd``, ``mod``, numpy ``where`` and ``broadcast_to``, ...) are float32 as well. ``transpose`` is the
 one that corrupts the heap; ``Embedding`` (forward, backward, hybridized) and ``_np_transpose``
 work and stay neutral.
 
@@ -43,6 +45,12 @@ R_LEAKY_BF16 = ("no bfloat16 kernel for selu/rrelu (probe); prelu's float32 gamm
                 "data's dtype")
 R_NO_BF16 = "no bfloat16 CPU kernel in MXNet 1.9.1 (probe: Unknown type enum 12)"
 R_POOL_BF16 = "no bfloat16 kernel for sum/lp pooling (probe); max/avg use oneDNN"
+R_MOD_GRAD = ("bfloat16 backward gives zero gradients (backward probe: relative error 1 against "
+              "float32; forward is right)")
+R_NO_BF16_GRAD = ("no bfloat16 backward kernel in MXNet 1.9.1 (backward probe: Unknown type enum "
+                  "12 or not a float type)")
+R_WHERE_GRAD = ("bfloat16 backward refused (backward probe: \"Backward only supports float "
+                "types!\")")
 R_SOFTSIGN = "no bfloat16 kernel for softsign (probe); softrelu is fine in bfloat16's range"
 
 # Cast to bfloat16: nothing beyond common's oneDNN Convolution, Deconvolution, FullyConnected.
@@ -75,6 +83,19 @@ DIFF_FP32 = {
     "_random_negative_binomial_like": R_NO_BF16, "_random_normal_like": R_NO_BF16,
     "_random_poisson_like": R_NO_BF16, "_random_uniform_like": R_NO_BF16,
     "_sample_multinomial": R_NO_BF16, "sample_multinomial": R_NO_BF16,
+
+    # Forward works, backward does not (ci/probe_bf16_kernels.py --backward, the same on the
+    # native, emulated and none classes): training through them in bfloat16 raised, or got
+    # zero gradients. Float32 costs two casts where they appear; inference loses nothing else.
+    "gather_nd": R_NO_BF16_GRAD, "_npi_gather_nd": R_NO_BF16_GRAD,
+    "_npx_gather_nd": R_NO_BF16_GRAD, "_npi_broadcast_to": R_NO_BF16_GRAD,
+    "_npi_ediff1d": R_NO_BF16_GRAD, "_npi_nan_to_num": R_NO_BF16_GRAD,
+    "_npi_pareto": R_NO_BF16_GRAD, "_npi_weibull": R_NO_BF16_GRAD,
+    "_npi_where": R_WHERE_GRAD, "_npi_where_lscalar": R_WHERE_GRAD,
+    "_npi_where_rscalar": R_WHERE_GRAD,
+    "_mod": R_MOD_GRAD, "_Mod": R_MOD_GRAD, "broadcast_mod": R_MOD_GRAD, "_npi_mod": R_MOD_GRAD,
+    "_mod_scalar": R_MOD_GRAD, "_ModScalar": R_MOD_GRAD, "_rmod_scalar": R_MOD_GRAD,
+    "_RModScalar": R_MOD_GRAD, "_npi_mod_scalar": R_MOD_GRAD, "_npi_rmod_scalar": R_MOD_GRAD,
 }
 
 # Every op above computes in float32 on any CPU, whatever category an override list gives it:
