@@ -29,7 +29,8 @@ from mxamp.patching import wrappers
 from mxamp.patching.loss_outputs import wrap_loss_output
 from mxamp.precision import plan
 from mxamp.runtime import patches
-from mxamp.runtime.hooks import drop_amp_graphs, fix_astype, hook_block_graphs, hook_record_scopes
+from mxamp.runtime.hooks import (drop_amp_graphs, fix_astype, hook_addto_sources, hook_block_graphs,
+                                 hook_record_scopes)
 from mxamp.runtime.patches import replace, undo_all
 from mxamp.runtime.state import STATE
 
@@ -99,6 +100,7 @@ def _apply(amp_plan):
     patches.record(changes, kind="operator")
     # blocks built before rebuild (their loss outputs need the scale); depthwise treatments
     hook_block_graphs(amp_plan.cpu.depthwise_graphs)
+    hook_addto_sources()  # casts of inputs whose gradients MXNet adds (runtime.addto)
     if alone:
         return
     hook_record_scopes()

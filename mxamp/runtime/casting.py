@@ -23,6 +23,7 @@ import mxnet as mx
 
 from mxamp import dtypes
 from mxamp.backend.mxnet_private import NumpySymbol
+from mxamp.runtime.addto import addto_safe_array, addto_safe_symbol, gets_added
 
 # Captured before any patching: mxamp's own casts must never go through wrapped functions.
 _ND_AMP_CAST = mx.nd.amp_cast
@@ -57,7 +58,9 @@ def cast(x, to):
     float64 goes through float32, which ``amp_cast`` needs; non-float arrays are converted with
     ``astype`` when ``to`` is not a float type and pass through unchanged otherwise) and
     Symbols (legacy or numpy; ``amp_cast`` leaves non-float inputs alone at run time). Casts to
-    bfloat16 round to nearest (``astype`` would truncate). Anything else is returned as is.
+    bfloat16 round to nearest (``astype`` would truncate). An input whose gradient MXNet may
+    add rather than write is copied first (:mod:`mxamp.runtime.addto`). Anything else is
+    returned as is.
 
     >>> cast(mx.np.ones((2,)), 'float16').dtype
     dtype('float16')
@@ -68,7 +71,7 @@ def cast(x, to):
     """
     if isinstance(x, Symbol):
         legacy = x.as_nd_ndarray() if isinstance(x, NPSymbol) else x
-        out = _SYM_AMP_CAST(legacy, dtype=dtypes.to_mx(to))
+        out = _SYM_AMP_CAST(addto_safe_symbol(legacy), dtype=dtypes.to_mx(to))
         return out.as_np_ndarray() if isinstance(x, NPSymbol) else out
     if not isinstance(x, NDArray):
         return x
@@ -84,8 +87,8 @@ def cast(x, to):
     else:
         if cur == "float64":
             legacy = legacy.astype("float32")
-        out = _ND_AMP_CAST(legacy, dtype=dtypes.to_mx(to)) if to != "float64" \
-            else legacy.astype("float64")
+        out = _ND_AMP_CAST(addto_safe_array(legacy), dtype=dtypes.to_mx(to)) \
+            if to != "float64" else legacy.astype("float64")
     return out.as_np_ndarray() if is_np else out
 
 
@@ -259,7 +262,7 @@ class SymbolDtypes:
 
     def __init__(self, capacity=50000):
         self._capacity = capacity
-        self._entries = collections.OrderedDict()   # id(sym) -> [sym, dtype, {dtype: cast}]
+        self._entries = collections.OrderedDict()   # id(sym) -> [sym, dtype, {key: cast}]
         self._lock = threading.Lock()
 
     def __len__(self):
@@ -293,22 +296,25 @@ class SymbolDtypes:
 
     def cast(self, sym, to):
         """``amp_cast(sym, to)``, built once per (Symbol, dtype) and remembered."""
+        # a parameter's Symbol lives across graph builds, which may copy it or not (addto)
+        key = (to, gets_added(sym))
         with self._lock:
             entry = self._entry(sym)
-            if entry is not None and to in entry[2]:
-                return entry[2][to]
+            if entry is not None and key in entry[2]:
+                return entry[2][key]
         out = cast(sym, to)
         self.record(out, to)
         with self._lock:
             entry = self._entry(sym)
             if entry is None:
                 self._entries[id(sym)] = entry = [sym, None, {}]
-            entry[2][to] = out
+            entry[2][key] = out
         return out
 
     def multicast(self, syms):
         """``amp_multicast`` of several Symbols: each output in the widest input type."""
-        legacy = [s.as_nd_ndarray() if isinstance(s, NPSymbol) else s for s in syms]
+        legacy = [addto_safe_symbol(s.as_nd_ndarray() if isinstance(s, NPSymbol) else s)
+                  for s in syms]
         group = _SYM_AMP_MULTICAST(*legacy, num_outputs=len(legacy))
         outs = [group[i] for i in range(len(legacy))]
         return [o.as_np_ndarray() if isinstance(s, NPSymbol) else o for s, o in zip(syms, outs)]
