@@ -26,6 +26,7 @@ no network and takes about four minutes on two cores for the ~420 ops of the bf1
 The last full runs are kept in ``ci/probe_results_bfloat16.txt`` / ``..._float16.txt``.
 """
 import argparse
+import functools
 import gc
 import json
 import os
@@ -197,11 +198,9 @@ def _child_probe(name, canonical, dtype, handle, fp32_when=None, widest=False,
             continue  # CONDITIONAL_FP32 runs this case in float32: nothing to check
         rng = np.random.default_rng(7 + number)
         host = _make_inputs(specs, dtype, rng, widest)
-        if backward:
-            kinds = [spec[0] for spec in specs]
-            invoke = lambda arrays: _invoke_backward(handle, arrays, kwargs, np_op, kinds)  # noqa: E731,E501
-        else:
-            invoke = lambda arrays: _invoke(handle, arrays, kwargs, np_op)  # noqa: E731
+        extra = {"kinds": [spec[0] for spec in specs]} if backward else {}
+        invoke = functools.partial(_invoke_backward if backward else _invoke, handle,
+                                   kwargs=kwargs, np_op=np_op, **extra)
         try:
             ref = invoke([_to_nd(v, "float32" if f == dtype else f) for v, f in host])
             if backward and not ref:

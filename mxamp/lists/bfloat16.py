@@ -16,9 +16,9 @@ bfloat16 input by ``ci/probe_bf16_kernels.py`` (2-D and 4-D shapes, forked child
 compared with float32); the ones that raise, crash or give wrong numbers sit in DIFF_FP32 under
 "No working bfloat16 CPU kernel" with the probe's finding as the reason. The same probe with
 ``--backward`` compares input gradients: the ops whose bfloat16 backward raises or gives zeros
-(``gather_nd``, ``mod``, numpy ``where`` and ``broadcast_to``, ...) are float32 as well. ``transpose`` is the
-one that corrupts the heap; ``Embedding`` (forward, backward, hybridized) and ``_np_transpose``
-work and stay neutral.
+(``gather_nd``, ``mod``, numpy ``where`` and ``broadcast_to``, ...) are float32 as well.
+``transpose`` is the one that corrupts the heap; ``Embedding`` (forward, backward, hybridized)
+and ``_np_transpose`` work and stay neutral.
 
 Low precision here means oneDNN bf16 kernels: Convolution, Deconvolution, FullyConnected (all
 common). ``dot``, ``batch_dot``, ``_linalg_gemm*``, numpy matmul/einsum/tensordot, the

@@ -8,7 +8,7 @@ commit it. Measured on the Zen 4 before this module (``tests/test_addto_gradient
   ended three passes with a zero weight gradient, hybridized or not, in mxamp and in the
   reference alike (float32: 6, the right sum);
 * a hybridized ``foreach`` whose body uses a weight: the loop adds each step's gradient into
-  it, and only the first step's arrived (weight gradient 3 instead of 27 in a 9-step sum).
+  it, and only the first step's arrived (a 5-step loop over a batch of 3: 3 instead of 27).
 
 Only graph inputs receive added gradients: parameters whose ``grad_req`` is ``'add'``, the
 free variables of a control-flow body, and leaf NDArrays. mxamp puts an ``identity`` between
