@@ -62,6 +62,11 @@ globals().update({_name: getattr(amp, _name) for _name in amp.__all__
 # here so that amp.init itself takes a few milliseconds.
 _patching.prepare()
 
+# Which arrays get their gradients added (grad_req='add'): casts of those need a copy first
+# (mxamp.runtime.addto). Notes only, a set operation per marking.
+from mxamp.runtime.addto_hooks import hook_grad_marks as _hook_grad_marks  # noqa: E402
+_hook_grad_marks()
+
 # Where AMX is on, the AMX guard needs the shapes a block ran with: remember them (a graph is
 # built once, so this costs nothing per call).
 if _cpu.enable_amx_if_possible().amx_granted:

@@ -136,3 +136,24 @@ def test_symbol_built_outside_a_block_bound_with_add(amp_bf16):
         exe.backward()
     weight = exe.grad_dict["fc_weight"].asnumpy()
     assert weight.tolist() == [[6.0] * 8] * 4, "Symbol graph with grad_req='add': %s" % weight[0]
+
+
+@pytest.mark.cpu_class
+@pytest.mark.parametrize("numpy_interface", [False, True], ids=["nd", "np"])
+def test_attach_grad_add_on_a_leaf(numpy_interface, amp_bf16):
+    """A leaf marked with ``attach_grad(grad_req='add')`` and fed to a bfloat16 op: three
+    passes of FullyConnected over a batch of two ones give its weight 2 per pass, 6 in all."""
+    weight = mx.nd.ones((4, 8))
+    data = mx.nd.ones((2, 8))
+    if numpy_interface:
+        weight, data = weight.as_np_ndarray(), data.as_np_ndarray()
+    weight.attach_grad(grad_req="add")
+    fully_connected = mx.npx.fully_connected if numpy_interface else mx.nd.FullyConnected
+    for _ in range(3):
+        with autograd.record():
+            out = fully_connected(data, weight, num_hidden=4, no_bias=True)
+            loss = out.astype("float32").sum()
+        loss.backward()
+    grad = weight.grad.as_nd_ndarray() if numpy_interface else weight.grad
+    assert grad.asnumpy().tolist() == [[6.0] * 8] * 4, "leaf gradient %s (%s)" % (
+        grad.asnumpy()[0], where())

@@ -29,8 +29,8 @@ from mxamp.patching import wrappers
 from mxamp.patching.loss_outputs import wrap_loss_output
 from mxamp.precision import plan
 from mxamp.runtime import patches
-from mxamp.runtime.hooks import (drop_amp_graphs, fix_astype, hook_addto_sources, hook_block_graphs,
-                                 hook_record_scopes)
+from mxamp.runtime.addto_hooks import hook_addto_sources
+from mxamp.runtime.hooks import drop_amp_graphs, fix_astype, hook_block_graphs, hook_record_scopes
 from mxamp.runtime.patches import replace, undo_all
 from mxamp.runtime.state import STATE
 

@@ -87,7 +87,7 @@ def cast(x, to):
     else:
         if cur == "float64":
             legacy = legacy.astype("float32")
-        out = _ND_AMP_CAST(addto_safe_array(legacy), dtype=dtypes.to_mx(to)) \
+        out = _ND_AMP_CAST(addto_safe_array(legacy, x), dtype=dtypes.to_mx(to)) \
             if to != "float64" else legacy.astype("float64")
     return out.as_np_ndarray() if is_np else out
 

@@ -27,14 +27,14 @@ casts at their next call.
 import contextlib
 
 import mxnet as mx
-from mxnet.gluon import Block, HybridBlock, Parameter
+from mxnet.gluon import Block, HybridBlock
 from mxnet.gluon.nn import BatchNorm
 
 from mxamp import dtypes
 from mxamp.backend import graph_memory
 from mxamp.backend import mxnet_private as mxp
 from mxamp.backend.graphs import op_names
-from mxamp.runtime.addto import addto_names, building_block, building_control_flow
+from mxamp.runtime.addto import addto_names, building_block
 from mxamp.runtime.casting import array_dtype, cast
 from mxamp.runtime.depthwise_graphs import (FLOAT32_GRAPH, STEER_BATCHNORM, TREATMENT_ATTR,
                                             build_depthwise_graph, has_depthwise_layer,
@@ -177,37 +177,6 @@ def hook_block_graphs(depthwise_treatment=""):
     call_cached_op.__name__ = original.__name__
     call_cached_op.__doc__ = original.__doc__
     replace(HybridBlock, mxp.BLOCK_CALL_METHOD, call_cached_op, kind="block hook")
-
-
-def hook_addto_sources():
-    """Know where MXNet adds gradients while graphs are built (:mod:`mxamp.runtime.addto`):
-    control-flow bodies are marked while built, and a parameter's ``grad_req`` turning to or
-    from ``'add'`` makes every hybridized block rebuild its graph (a new generation)."""
-    for name in ("foreach", "while_loop", "cond"):
-        if not is_replaced(mx.sym.contrib, name):
-            replace(mx.sym.contrib, name, _marking_control_flow(getattr(mx.sym.contrib, name)),
-                    kind="block hook")
-    if is_replaced(Parameter, "grad_req"):
-        return
-    req = vars(Parameter)["grad_req"]
-
-    def set_grad_req(param, value):
-        was_added = param.grad_req == "add"
-        req.fset(param, value)
-        if was_added != (param.grad_req == "add"):
-            with STATE.lock:
-                STATE.generation += 1
-
-    replace(Parameter, "grad_req", property(req.fget, set_grad_req, req.fdel, req.__doc__),
-            kind="block hook")
-
-
-def _marking_control_flow(build):
-    def marked(*args, **kwargs):
-        with building_control_flow():
-            return build(*args, **kwargs)
-    marked.__name__, marked.__doc__ = build.__name__, build.__doc__
-    return marked
 
 
 def _weights_to_default_layout(block):
