@@ -10,7 +10,8 @@
 # and converted inference under default memory settings and without each, the Transformer
 # block's backward segments, MobileNet's BatchNorm steering, bench_bn_steering.py's variants),
 # then cpu_class-*.log (the
-# cpu_class tests with AMX off and under each ISA cap, three at once on 4 cores each).
+# cpu_class tests with AMX off and under each ISA cap, three at once on 4 cores each) and,
+# beside them on cores 0-3, probe-backward.txt (ci/probe_bf16_kernels.py --backward).
 # Timings share the machine with the suite: read ratios within one file, to about +-15%.
 set -u
 export PYTHONUNBUFFERED=1
@@ -63,6 +64,10 @@ measure() {   # TAG WORKLOAD MODE [VAR=VALUE ...]
 } > "$OUT/measure.txt" 2>&1
 wait $suite
 
+# the bfloat16 backward kernels under AMX, on cores 0-3 while the class runs use 4-15
+( timeout 150 taskset -c ${MEASURE_CPUS:-0-3} $PY ci/probe_bf16_kernels.py --backward \
+    ${DRY:+--ops gather_nd,relu} --out "$OUT/probe-backward.txt" > /dev/null 2>&1
+  echo "probe-backward rc=$?: $(head -1 "$OUT/probe-backward.txt" 2>/dev/null)" ) &
 c=4
 for s in MXAMP_AMX=0 DNNL_MAX_CPU_ISA=AVX512_CORE DNNL_MAX_CPU_ISA=AVX2; do
   { echo "$head"; echo "# $s OMP_NUM_THREADS=1 taskset -c $c-$((c+3)) pytest -n 4 -m cpu_class tests"
