@@ -122,31 +122,35 @@ def _to_nd(values, feed):
     return mx.nd.array(values, dtype=feed)
 
 
-def _invoke(handle, arrays, kwargs, np_op):
+#: Recipe input kinds that get gradients in ``--backward``: data and float32 parameters.
+GRAD_KINDS = "fnF"
+
+
+def _call(handle, arrays, kwargs, np_op):
+    """The op's outputs, as a list (inside the caller's numpy-semantics scope)."""
     from mxnet._ctypes.ndarray import _imperative_invoke
-    keys = list(kwargs)
-    vals = [str(v) for v in kwargs.values()]
+    out = _imperative_invoke(handle, arrays, list(kwargs), [str(v) for v in kwargs.values()],
+                             None, np_op, True)
+    return out if isinstance(out, (list, tuple)) else [out]
+
+
+def _invoke(handle, arrays, kwargs, np_op):
     with mx.util.np_shape(np_op), mx.util.np_array(np_op):
-        out = _imperative_invoke(handle, arrays, keys, vals, None, np_op, True)
-        outs = out if isinstance(out, (list, tuple)) else [out]
-        return [(_as_float32(o), o.dtype) for o in outs]
+        return [(_as_float32(o), o.dtype) for o in _call(handle, arrays, kwargs, np_op)]
 
 
 def _invoke_backward(handle, arrays, kwargs, np_op, kinds):
     """The gradients of the op's float outputs (unit head gradients) for its float inputs.
 
-    ``kinds`` are the recipe's input kinds: data ('f', 'n') and float32 parameters ('F') get
-    gradients, indices and masks do not. Returns ``[]`` when the op has no float output.
+    ``kinds`` are the recipe's input kinds: those in :data:`GRAD_KINDS` get gradients,
+    indices and masks do not. Returns ``[]`` when the op has no float output.
     """
-    from mxnet._ctypes.ndarray import _imperative_invoke
-    wrt = [i for i, kind in enumerate(kinds) if kind in "fnF"]
+    wrt = [i for i, kind in enumerate(kinds) if kind in GRAD_KINDS]
     for i in wrt:
         arrays[i].attach_grad()
-    keys, vals = list(kwargs), [str(v) for v in kwargs.values()]
     with mx.util.np_shape(np_op), mx.util.np_array(np_op):
         with mx.autograd.record():
-            out = _imperative_invoke(handle, arrays, keys, vals, None, np_op, True)
-        outs = out if isinstance(out, (list, tuple)) else [out]
+            outs = _call(handle, arrays, kwargs, np_op)
         heads = [o for o in outs if o.dtype in (np.float32, np.float16, BFLOAT16)]
         if not heads:
             return []
@@ -217,7 +221,7 @@ def _child_probe(name, canonical, dtype, handle, fp32_when=None, widest=False,
             _drain_errors()
         else:
             status, detail = _compare(ref, got, dtype, random_output, backward and [
-                feed for (_, feed), spec in zip(host, specs) if spec[0] in "fnF"])
+                feed for (_, feed), spec in zip(host, specs) if spec[0] in GRAD_KINDS])
         if status != "ok":
             shapes = "x".join(str(s[1]) for s in specs).replace(" ", "")
             problems.append((rank[status], status, "[%s %s] %s" % (
