@@ -139,12 +139,16 @@ def test_symbol_built_outside_a_block_bound_with_add(amp_bf16):
 
 
 @pytest.mark.cpu_class
-@pytest.mark.parametrize("numpy_interface", [False, True], ids=["nd", "np"])
-def test_attach_grad_add_on_a_leaf(numpy_interface, amp_bf16):
+@pytest.mark.parametrize("numpy_interface,dtype", [(False, "float32"), (True, "float32"),
+                                                   (False, "float64")],
+                         ids=["nd", "np", "nd-float64"])
+def test_attach_grad_add_on_a_leaf(numpy_interface, dtype, amp_bf16):
     """A leaf marked with ``attach_grad(grad_req='add')`` and fed to a bfloat16 op: three
-    passes of FullyConnected over a batch of two ones give its weight 2 per pass, 6 in all."""
-    weight = mx.nd.ones((4, 8))
-    data = mx.nd.ones((2, 8))
+    passes of FullyConnected over a batch of two ones give its weight 2 per pass, 6 in all.
+    A float64 leaf goes through ``Cast`` to float32 first, whose backward drops added
+    gradients as well (it gave 2: the last pass)."""
+    weight = mx.nd.ones((4, 8), dtype=dtype)
+    data = mx.nd.ones((2, 8), dtype=dtype)
     if numpy_interface:
         weight, data = weight.as_np_ndarray(), data.as_np_ndarray()
     weight.attach_grad(grad_req="add")

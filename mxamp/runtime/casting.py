@@ -85,10 +85,11 @@ def cast(x, to):
             return x
         out = legacy.astype(to)
     else:
+        legacy = addto_safe_array(legacy, x)   # before any cast: Cast drops added gradients too
         if cur == "float64":
             legacy = legacy.astype("float32")
-        out = _ND_AMP_CAST(addto_safe_array(legacy, x), dtype=dtypes.to_mx(to)) \
-            if to != "float64" else legacy.astype("float64")
+        out = _ND_AMP_CAST(legacy, dtype=dtypes.to_mx(to)) if to != "float64" \
+            else legacy.astype("float64")
     return out.as_np_ndarray() if is_np else out
 
 
