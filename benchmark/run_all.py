@@ -32,7 +32,8 @@ AS_TUNED = "mxamp_as_tuned"
 INIT_MODES = ("reference", "mxamp")
 # (timed steps, warmup steps) per workload at full size; --quick uses (2, 1).
 STEPS = {"mlp_train": (10, 3), "resnet18_train": (10, 3), "resnet50_train": (3, 1),
-         "mobilenet_train": (5, 2), "yolo3_train": (5, 2),
+         "mobilenet_train": (5, 2), "yolo3_train": (5, 2), "mobilenetv3_train": (4, 2),
+         "se_resnet18_train": (4, 2),
          "transformer_train": (5, 2), "resnet18_infer": (10, 3), "resnet50_infer": (6, 2)}
 #: The memory account's fields (benchmark/memory_account.py), medians over the repeats.
 ACCOUNT_KEYS = ("params_mb", "grads_mb", "optimizer_mb", "workspace_mb", "graph_mb",

@@ -17,7 +17,7 @@ class Workload:
     name: str          # key used on the command line and in the results
     title: str         # row label of the report
     kind: str          # 'train' (fwd+bwd+optimizer step) or 'infer' (converted forward)
-    model: str         # 'mlp', 'resnet18_v1', 'resnet50_v1', 'mobilenet1_0', 'transformer'
+    model: str         # 'mlp', 'resnet18_v1', ..., 'transformer', or a GLUONCV_MODELS name
     data_shape: Tuple[int, ...]
     classes: int
     quick_shape: Tuple[int, ...]  # the --quick batch: same model, tiny batch
@@ -39,6 +39,12 @@ WORKLOADS = {w.name: w for w in [
              "mobilenet1_0", (4, 3, 320, 320), 1000, (2, 3, 64, 64)),
     Workload("yolo3_train", "GluonCV YOLOv3-MobileNet1.0 train (generated VOC), batch 4x3x320x320",
              "train", "yolo3_mobilenet1.0_voc", (4, 3, 320, 320), 20, (2, 3, 160, 160)),
+    # Elementwise-heavy models (hard-swish, squeeze-excitation gates): MXNet's generic bf16
+    # kernels decide their speed (ci/probe_bf16_speed.py); GluonCV, pretrained=False.
+    Workload("mobilenetv3_train", "GluonCV MobileNetV3-Large train, batch 8x3x224x224",
+             "train", "mobilenetv3_large", (8, 3, 224, 224), 10, (2, 3, 64, 64)),
+    Workload("se_resnet18_train", "GluonCV SE-ResNet-18 train, batch 16x3x112x112", "train",
+             "se_resnet18_v1", (16, 3, 112, 112), 10, (2, 3, 64, 64)),
     Workload("transformer_train", "Transformer encoder block train, batch 32x128x512", "train",
              "transformer", (32, 128, 512), 0, (2, 32, 512)),
     Workload("resnet18_infer", "ResNet-18 converted inference, batch 8x3x224x224", "infer",
@@ -92,12 +98,19 @@ def _transformer_block():
     return EncoderBlock()
 
 
+#: Classification models built from GluonCV's model zoo rather than MXNet's.
+GLUONCV_MODELS = ("mobilenetv3_large", "se_resnet18_v1")
+
+
 def build_model(workload):
     """The fp32 model of ``workload`` (not initialised)."""
     if workload.model == "mlp":
         return _mlp(workload.classes)
     if workload.model == "transformer":
         return _transformer_block()
+    if workload.model in GLUONCV_MODELS:
+        from gluoncv.model_zoo import get_model
+        return get_model(workload.model, pretrained=False, classes=workload.classes)
     from mxnet.gluon.model_zoo import vision
     return getattr(vision, workload.model)(classes=workload.classes)
 

@@ -266,6 +266,13 @@ def probe(name, dtype, fp32_when=None, widest=False, timeout=60.0, backward=Fals
     compares the input gradients instead of the outputs.
     """
     handle, canonical, _, _ = _op_info(name)
+    return run_forked(name, functools.partial(_child_probe, name, canonical, dtype, handle,
+                                              fp32_when, widest, backward), timeout)
+
+
+def run_forked(name, child, timeout):
+    """``child()`` (a JSON-able dict) run in a forked child; a crash, a timeout or an escaped
+    exception becomes a result dict of its own. ``name`` goes into the result as ``op``."""
     read_fd, write_fd = os.pipe()
     err_file = tempfile.TemporaryFile()
     pid = os.fork()
@@ -274,7 +281,7 @@ def probe(name, dtype, fp32_when=None, widest=False, timeout=60.0, backward=Fals
         without_core_dump()
         os.dup2(err_file.fileno(), 2)
         try:
-            result = _child_probe(name, canonical, dtype, handle, fp32_when, widest, backward)
+            result = child()
             _churn_heap()
         except BaseException as err:  # noqa: BLE001 - report anything that escapes
             result = {"status": "error", "detail": repr(err)[:200]}

@@ -89,7 +89,7 @@ def test_explain_alias_is_explained_as_its_canonical_op(capsys):
 
 @pytest.mark.parametrize("op, fp16, bf16", [
     ("Dropout", ("neutral", "-"), ("fp32", bfloat16.R_NO_BF16)),
-    ("square", ("fp32", "overflows fp16 above 256"), ("neutral", "-")),
+    ("square", ("fp32", "overflows fp16 above 256"), ("fp32", bfloat16.SLOW_BF16["square"])),
 ])
 def test_explain_op_that_differs_between_targets(capsys, op, fp16, bf16):
     _, info = explained(capsys, op)
@@ -145,7 +145,7 @@ def test_diff_lists_every_differing_op_once(capsys):
     assert status == 0 and not err
     lines = out.splitlines()
     expected = differing_canonical_ops()
-    assert {"Dropout", "square", "Activation", "dot"} <= expected
+    assert {"Dropout", "relu", "Activation", "dot"} <= expected
     count = re.match(r"(\d+) ops classified differently", lines[-1])
     assert count and int(count.group(1)) == len(expected), lines[-1]
     op_lines = [line for line in lines if line.startswith("  ")]
@@ -153,8 +153,8 @@ def test_diff_lists_every_differing_op_once(capsys):
     assert sorted(listed) == sorted(expected)  # one line per canonical op, no more
     dropout = next(line for line in op_lines if line.split()[0] == "Dropout")
     assert "float16: neutral" in dropout and "bfloat16: fp32: " + bfloat16.R_NO_BF16 in dropout
-    square = next(line for line in op_lines if line.split()[0] == "square")
-    assert "float16: fp32: overflows fp16 above 256" in square and "bfloat16: neutral" in square
+    relu = next(line for line in op_lines if line.split()[0] == "relu")
+    assert "float16: neutral" in relu and "bfloat16: fp32: " + bfloat16.SLOW_BF16["relu"] in relu
 
 
 def test_summary_counts(capsys):

@@ -13,7 +13,7 @@ import pytest
 
 from bf16_expect import CPU_CLASS, where
 from side_by_side import map_side_by_side
-from mxamp.lists import get_op_lists
+from mxamp.lists import bfloat16, get_op_lists
 from test_lists import registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -118,15 +118,18 @@ def _run(args, timeout=300):
 @pytest.mark.cpu_class
 def test_bf16_core_ops_run_in_bf16_and_match_fp32():
     """~55 common neutral/widest/low-precision ops on bf16 input, in one fresh process: those
-    the lists say this CPU class lacks a kernel for fail, every other one runs in bf16."""
+    the lists say this CPU class lacks a kernel for fail, every other one runs in bf16. (Ops
+    the lists compute in float32 for speed, SLOW_BF16, are among them: their kernel works, and
+    an override list may run them in bf16.)"""
     run = _run([sys.executable, "-c", SMOKE_SCRIPT])
     assert run.returncode == 0, "bf16 smoke process failed (crash or error):\n" + (
         run.stderr[-2000:])
     report = json.loads(run.stdout.strip().splitlines()[-1])
     lists = get_op_lists("bfloat16")
     not_lp = [n for n in report if lists.category(n.split("(")[0]) not in
-              ("neutral", "widest", "low_precision", "conditional_fp32")]
-    assert not not_lp, "smoke ops must be ones the bf16 lists run in bf16: %s" % not_lp
+              ("neutral", "widest", "low_precision", "conditional_fp32")
+              and n.split("(")[0] not in bfloat16.SLOW_BF16]
+    assert not not_lp, "smoke ops must be ones the bf16 lists may run in bf16: %s" % not_lp
     missing = lists.missing_kernels(CPU_CLASS)
     failed = {n for n, r in report.items() if "error" in r}
     expected = {n for n in report if n.split("(")[0] in missing}

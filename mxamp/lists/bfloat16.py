@@ -9,8 +9,10 @@ joins the two into the full tables (LOW_PRECISION, FP32, WIDEST, NEUTRAL, CONDIT
 LOSS_OUTPUT, FP32_PARAMS) that this module exports.
 
 bfloat16 has float32's exponent range but only 8 significant bits, so precision-sensitive ops
-(reductions, softmax, norms, losses, exp/log) stay float32 as for float16 (common), while purely
-range-driven ones (``square``) run in bfloat16. MXNet 1.9.1 lacks bfloat16 CPU kernels for many
+(reductions, softmax, norms, losses, exp/log) stay float32 as for float16 (common). Where a
+bfloat16 kernel works but is MXNet's generic one, 2-30x slower than float32 (scalar arithmetic,
+``clip``, comparisons, ``broadcast_*``, ...), the op computes in float32 for speed
+(``SLOW_BF16``, timed by ``ci/probe_bf16_speed.py``). MXNet 1.9.1 lacks bfloat16 CPU kernels for many
 ops: each op in the NEUTRAL, WIDEST, LOW_PRECISION and CONDITIONAL_FP32 tables was run on
 bfloat16 input by ``ci/probe_bf16_kernels.py`` (2-D and 4-D shapes, forked child per op, results
 compared with float32); the ones that raise, crash or give wrong numbers sit in DIFF_FP32 under
@@ -106,18 +108,119 @@ DIFF_FP32 = {
 # first bfloat16 tensor it met aborted the process ("free(): corrupted unsorted chunks").
 FP32_ON_EVERY_CPU = dict(DIFF_FP32)
 
+# Cast to float32 for speed: the bfloat16 kernel works, but it is MXNet's generic one, which
+# converts every element to float and back in scalar code, while oneDNN computes the ops not
+# listed here (Activation, LeakyReLU, Pooling, BatchNorm, elemwise_add, Concat, ...).
+# ci/probe_bf16_speed.py timed every op of the tables below at activation size (401,408
+# elements, forward and backward) on the Zen 4: these ran slower in bfloat16 than float32 plus
+# the two casts that computing them in float32 costs (by more than 1.25x); the number is each
+# op's bfloat16/float32 time. A model full of them (MobileNetV3's hard-swish and
+# squeeze-excitation) trained at 0.32x float32's speed with them in bfloat16, 1.02x with them
+# in float32. As a side effect, a broadcasting op's backward now sums in float32, not in
+# bfloat16 (0.7-4.8% relative error over 49-12,544 elements). The kernel is the same code on
+# every CPU; unlike the broken kernels above, an override list may move these back
+# (amp.init(target_precision_ops=[...]) or a tuned policy).
+def _slow(ratio):
+    return ("MXNet's generic bfloat16 kernel (no oneDNN) ran %.1fx float32's time, forward and "
+            "backward (ci/probe_bf16_speed.py, Zen 4)" % ratio)
+
+
+SLOW_BF16 = {
+    "abs": _slow(5.8), "arccosh": _slow(3.3), "arcsinh": _slow(3.0), "arctan": _slow(4.1),
+    "argmax": _slow(6.7), "argmax_channel": _slow(7.1), "argmin": _slow(6.5),
+    "broadcast_add": _slow(9.3), "broadcast_div": _slow(18.5), "broadcast_equal": _slow(5.4),
+    "broadcast_greater": _slow(4.4), "broadcast_greater_equal": _slow(4.8),
+    "broadcast_lesser": _slow(4.8), "broadcast_lesser_equal": _slow(4.8),
+    "broadcast_logical_and": _slow(4.0), "broadcast_logical_or": _slow(2.6),
+    "broadcast_logical_xor": _slow(4.9), "broadcast_maximum": _slow(16.0),
+    "broadcast_minimum": _slow(16.1), "broadcast_minus": _slow(10.0),
+    "broadcast_mul": _slow(13.7), "broadcast_not_equal": _slow(3.9), "broadcast_plus": _slow(9.3),
+    "broadcast_sub": _slow(10.0), "cbrt": _slow(2.9), "ceil": _slow(3.4), "clip": _slow(2.8),
+    "_contrib_allclose": _slow(6.6), "_contrib_arange_like": _slow(3.8),
+    "_contrib_BilinearResize2D": _slow(2.8), "_contrib_div_sqrt_dim": _slow(9.3),
+    "_contrib_gradientmultiplier": _slow(6.6), "_contrib_quadratic": _slow(11.1),
+    "_contrib_round_ste": _slow(4.3), "_contrib_sign_ste": _slow(3.3), "cos": _slow(4.9),
+    "degrees": _slow(11.0), "_Div": _slow(17.9), "_div": _slow(17.9), "_div_scalar": _slow(9.6),
+    "_DivScalar": _slow(9.6), "elemwise_div": _slow(17.9), "elemwise_mul": _slow(13.8),
+    "elemwise_sub": _slow(9.0), "_equal": _slow(4.3), "_Equal": _slow(4.3),
+    "_equal_scalar": _slow(4.5), "_EqualScalar": _slow(4.5), "fix": _slow(3.1),
+    "floor": _slow(2.9), "_greater": _slow(5.0), "_Greater": _slow(5.0),
+    "_greater_equal": _slow(4.2), "_Greater_Equal": _slow(4.2),
+    "_greater_equal_scalar": _slow(5.5), "_greater_scalar": _slow(4.8),
+    "_GreaterEqualScalar": _slow(5.5), "_GreaterScalar": _slow(4.8), "_lesser": _slow(5.5),
+    "_Lesser": _slow(5.5), "_lesser_equal": _slow(5.8), "_Lesser_Equal": _slow(5.8),
+    "_lesser_equal_scalar": _slow(5.2), "_lesser_scalar": _slow(6.0),
+    "_LesserEqualScalar": _slow(5.2), "_LesserScalar": _slow(6.0), "_logical_and": _slow(4.4),
+    "_Logical_And": _slow(4.4), "_logical_and_scalar": _slow(4.7), "logical_not": _slow(3.7),
+    "_logical_or": _slow(2.8), "_Logical_Or": _slow(2.8), "_logical_or_scalar": _slow(3.3),
+    "_logical_xor": _slow(4.6), "_Logical_Xor": _slow(4.6), "_logical_xor_scalar": _slow(7.1),
+    "_LogicalAndScalar": _slow(4.7), "_LogicalOrScalar": _slow(3.3),
+    "_LogicalXorScalar": _slow(7.1), "max": _slow(4.4), "max_axis": _slow(4.4),
+    "_maximum": _slow(18.3), "_Maximum": _slow(18.3), "_maximum_scalar": _slow(15.7),
+    "_MaximumScalar": _slow(15.7), "min": _slow(3.8), "min_axis": _slow(3.8),
+    "_minimum": _slow(14.6), "_Minimum": _slow(14.6), "_minimum_scalar": _slow(17.1),
+    "_MinimumScalar": _slow(17.1), "_Minus": _slow(9.0), "_minus": _slow(9.0),
+    "_minus_scalar": _slow(7.9), "_MinusScalar": _slow(7.9), "_Mul": _slow(13.8),
+    "_mul": _slow(13.8), "_mul_scalar": _slow(8.2), "_MulScalar": _slow(8.2),
+    "negative": _slow(8.8), "_not_equal": _slow(5.2), "_Not_Equal": _slow(5.2),
+    "_not_equal_scalar": _slow(5.4), "_NotEqualScalar": _slow(5.4), "_np_all": _slow(2.6),
+    "_np_amax": _slow(3.7), "_np_amin": _slow(3.9), "_np_any": _slow(2.3), "_np_max": _slow(3.7),
+    "_np_min": _slow(3.9), "_np_sometrue": _slow(2.3), "_npi_abs": _slow(5.9),
+    "_npi_absolute": _slow(5.9), "_npi_add": _slow(13.8), "_npi_add_scalar": _slow(7.6),
+    "_npi_arccosh": _slow(3.4), "_npi_arcsinh": _slow(3.4), "_npi_arctan": _slow(4.7),
+    "_npi_arctan2_scalar": _slow(4.4), "_npi_argmax": _slow(8.7), "_npi_argmin": _slow(8.3),
+    "_npi_around": _slow(8.2), "_npi_cbrt": _slow(2.8), "_npi_ceil": _slow(2.4),
+    "_npi_clip": _slow(2.8), "_npi_copysign": _slow(4.2), "_npi_copysign_scalar": _slow(14.0),
+    "_npi_cos": _slow(4.2), "_npi_degrees": _slow(7.7), "_npi_diff": _slow(4.0),
+    "_npi_equal": _slow(10.3), "_npi_equal_scalar": _slow(7.8), "_npi_fix": _slow(3.2),
+    "_npi_floor": _slow(2.8), "_npi_greater": _slow(10.2), "_npi_greater_equal": _slow(9.6),
+    "_npi_greater_equal_scalar": _slow(6.2), "_npi_greater_scalar": _slow(8.6),
+    "_npi_less": _slow(11.2), "_npi_less_equal": _slow(9.9),
+    "_npi_less_equal_scalar": _slow(10.4), "_npi_less_scalar": _slow(9.9),
+    "_npi_logical_not": _slow(7.9), "_npi_maximum": _slow(16.0),
+    "_npi_maximum_scalar": _slow(15.7), "_npi_minimum": _slow(16.1),
+    "_npi_minimum_scalar": _slow(17.1), "_npi_multiply": _slow(15.3),
+    "_npi_multiply_scalar": _slow(11.6), "_npi_negative": _slow(9.7), "_npi_nonzero": _slow(2.2),
+    "_npi_not_equal": _slow(8.4), "_npi_not_equal_scalar": _slow(9.4),
+    "_npi_radians": _slow(12.0), "_npi_rarctan2_scalar": _slow(4.8),
+    "_npi_rcopysign_scalar": _slow(20.5), "_npi_rint": _slow(3.8),
+    "_npi_rsubtract_scalar": _slow(10.6), "_npi_sign": _slow(4.2), "_npi_sin": _slow(4.8),
+    "_npi_sqrt": _slow(3.5), "_npi_square": _slow(11.8), "_npi_subtract": _slow(13.1),
+    "_npi_subtract_scalar": _slow(8.2), "_npi_tanh": _slow(3.3), "_npi_trunc": _slow(2.6),
+    "_npi_unique": _slow(2.9), "_npi_where_scalar2": _slow(1.9), "_npx_arange_like": _slow(3.8),
+    "_npx_nonzero": _slow(2.2), "_npx_relu": _slow(9.5), "_npx_sigmoid": _slow(7.2),
+    "_npx_topk": _slow(3.4), "_plus_scalar": _slow(7.8), "_PlusScalar": _slow(7.8),
+    "radians": _slow(10.1), "relu": _slow(9.3), "rint": _slow(3.9), "_rminus_scalar": _slow(8.3),
+    "_RMinusScalar": _slow(8.3), "round": _slow(2.8), "_scatter_elemwise_div": _slow(17.6),
+    "_scatter_minus_scalar": _slow(8.8), "_scatter_plus_scalar": _slow(7.4),
+    "sigmoid": _slow(10.2), "sign": _slow(3.8), "sin": _slow(4.4), "softsign": _slow(12.8),
+    "_sparse__contrib_round_ste": _slow(4.3), "_sparse__contrib_sign_ste": _slow(3.3),
+    "_sparse_abs": _slow(5.8), "_sparse_arccosh": _slow(3.3), "_sparse_arcsinh": _slow(3.0),
+    "_sparse_arctan": _slow(4.1), "_sparse_broadcast_add": _slow(9.3),
+    "_sparse_broadcast_div": _slow(18.5), "_sparse_broadcast_minus": _slow(10.0),
+    "_sparse_broadcast_mul": _slow(13.7), "_sparse_broadcast_plus": _slow(9.3),
+    "_sparse_broadcast_sub": _slow(10.0), "_sparse_cbrt": _slow(2.9), "_sparse_ceil": _slow(3.4),
+    "_sparse_clip": _slow(2.8), "_sparse_cos": _slow(4.9), "_sparse_degrees": _slow(11.0),
+    "_sparse_elemwise_div": _slow(17.9), "_sparse_elemwise_mul": _slow(13.8),
+    "_sparse_elemwise_sub": _slow(9.0), "_sparse_fix": _slow(3.1), "_sparse_floor": _slow(2.9),
+    "_sparse_negative": _slow(8.8), "_sparse_radians": _slow(10.1), "_sparse_relu": _slow(9.3),
+    "_sparse_rint": _slow(3.9), "_sparse_round": _slow(2.8), "_sparse_sigmoid": _slow(10.2),
+    "_sparse_sign": _slow(3.8), "_sparse_sin": _slow(4.4), "_sparse_sqrt": _slow(3.8),
+    "_sparse_square": _slow(12.7), "_sparse_tanh": _slow(4.4), "_sparse_trunc": _slow(3.5),
+    "_sparse_where": _slow(2.2), "sqrt": _slow(3.8), "square": _slow(12.7), "_sub": _slow(9.0),
+    "tanh": _slow(4.4), "topk": _slow(3.4), "trunc": _slow(3.5), "where": _slow(2.2),
+}
+DIFF_FP32 = {**DIFF_FP32, **SLOW_BF16}
+
 # Multi-input ops: nothing beyond common's (float16's extra ones lack a bfloat16 kernel: FP32).
 DIFF_WIDEST = {}
 
 # Run in the dtype their input already has; AMP never casts around them. float16 keeps these
 # in float32 (range, or no float16 kernel).
 DIFF_NEUTRAL = {
-    # bfloat16 has float32's range: range-only reasons for float32 do not apply
-    "square": "", "_sparse_square": "", "_npi_square": "",
-
-    # Working bfloat16 kernel where float16 has none
+    # Working bfloat16 kernel where float16 has none (square and around have one too, but it
+    # is slow: SLOW_BF16)
     "_contrib_BatchNormWithReLU": "oneDNN kernel takes bfloat16 data with float32 statistics",
-    "_npi_around": "",
 }
 
 # float32 only when the parameter has one of the values; else the input's dtype.

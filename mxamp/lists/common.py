@@ -482,9 +482,9 @@ def lookup(op, module, prefix=""):
     >>> lookup('Convolution', common)
     ('LOW_PRECISION', '')
     >>> from mxamp.lists import bfloat16
-    >>> lookup('square', bfloat16, 'DIFF_')
-    ('NEUTRAL', '')
-    >>> lookup('square', common) is None
+    >>> lookup('_contrib_BatchNormWithReLU', bfloat16, 'DIFF_')[0]
+    'NEUTRAL'
+    >>> lookup('_contrib_BatchNormWithReLU', common) is None
     True
     """
     for table in CATEGORY_TABLES:

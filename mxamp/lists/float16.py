@@ -57,7 +57,7 @@ DIFF_LOW_PRECISION = {
 # Cast to float32: range- or precision-sensitive, or no float16 kernel.
 DIFF_FP32 = {
     # Exponentials, logarithms and powers: overflow or lose too much in low precision
-    # (range only: bfloat16 has float32's exponent range and keeps square neutral)
+    # (range only: bfloat16 has float32's range; it computes square in float32 for speed)
     "square": "overflows fp16 above 256", "_sparse_square": "overflows fp16 above 256",
     "_npi_square": "overflows fp16 above 256",
 
