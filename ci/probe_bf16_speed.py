@@ -40,8 +40,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import mxnet as mx  # noqa: E402
-from probe_bf16_kernels import (BFLOAT16, GRAD_KINDS, _call, _listed_ops, _make_inputs,  # noqa: E402
-                                _op_info, _to_nd, forward_ops, run_forked)
+from probe_bf16_kernels import (  # noqa: E402  (lives beside us)
+    BFLOAT16, GRAD_KINDS, _call, _listed_ops, _make_inputs, _op_info, _to_nd, forward_ops,
+    run_forked)
 from probe_recipes import GENERIC_SHAPES, IMG, RANDOM_OP, recipes_for  # noqa: E402
 
 #: Activation-sized shapes that replace the recipes' small ones (401,408 elements each).
@@ -198,17 +199,18 @@ def main(argv=None):
     for canon in sorted(chosen, key=str.lower):
         name = chosen[canon]
         kept = _kept_because(name, canon)
-        result = {"status": "kept", "detail": kept} if kept else run_forked(name, functools.partial(_child_time, name, canon, name in widest,
-                                                    args.repeats, conditions.get(name)), 120.0)
+        child = functools.partial(_child_time, name, canon, name in widest, args.repeats,
+                                  conditions.get(name))
+        result = {"status": "kept", "detail": kept} if kept else run_forked(name, child, 120.0)
         aliases = [n for n in ops[canon] if n != name]
         line = "%-40s %-8s %s%s" % (name, result["status"], result["detail"],
                                     " | aliases: " + ",".join(aliases) if aliases else "")
         lines.append(line)
         counts[result["status"]] = counts.get(result["status"], 0) + 1
         print(line, flush=True)
-    summary = "# bfloat16 speed: %d ops timed in %.0f s: %s (slow: bf16 > %.2f x (fp32 + %d casts))" % (
-        len(lines), time.time() - start, ", ".join("%s %d" % kv for kv in sorted(counts.items())),
-        MARGIN, CASTS)
+    tally = ", ".join("%s %d" % kv for kv in sorted(counts.items()))
+    summary = ("# bfloat16 speed: %d ops timed in %.0f s: %s (slow: bf16 > %.2f x (fp32 + %d "
+               "casts))") % (len(lines), time.time() - start, tally, MARGIN, CASTS)
     print(summary)
     if args.out:
         with open(args.out, "w") as handle:

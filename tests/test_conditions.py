@@ -104,7 +104,8 @@ def test_missing_parameters_take_mxnet_defaults():
 
 
 def test_amx_rule_covers_the_measured_family_with_its_margin():
-    (rule,) = get_op_lists("bfloat16").fp32_when("amx")["Convolution"]
+    rule = get_op_lists("bfloat16").fp32_when("amx")["Convolution"][0]
+    assert rule.if_unknown, "the heap rule holds where shapes are unknown (safety first)"
     conv = {"kernel": (1, 1), "stride": (1, 1)}
     measured = [(c, 1, hw) for c in (32, 64, 128, 256, 512, 1024, 2048)
                 for hw in (27, 33, 36, 39, 42, 45, 48)]
@@ -119,7 +120,8 @@ def test_amx_rule_covers_the_measured_family_with_its_margin():
     assert not rule.holds(dict(conv, stride=(2, 2)), (1, 64, 6, 6)), "stride 2 passed"
     assert not rule.holds(conv, (1, 3, 6, 6)), "C_in 3 is not a multiple of 16"
     for cls in ("none", "emulated", "native"):
-        assert not get_op_lists("bfloat16").fp32_when(cls), "only 'amx' has the rule"
+        rules = get_op_lists("bfloat16").fp32_when(cls).get("Convolution", ())
+        assert rule not in rules, "only 'amx' has the heap rule"
 
 
 # ------------------------------------------------------- conditional lists, every path
@@ -230,6 +232,24 @@ def test_amx_guard_decisions_in_patching(forced_class):
     amp.init("bfloat16")
     assert amp.precision_of("Convolution", data_shape=GUARDED, kernel=(1, 1))[0] == "bfloat16", \
         "without AMX these shapes run in bfloat16"
+
+
+@pytest.mark.parametrize("cls", ["emulated", "native", "amx"])
+def test_depthwise_speed_rule_decisions(forced_class, cls):
+    """Checks decisions only (the class forced by ``forced_class``): a depthwise convolution
+    whose channel count is off oneDNN's 16-channel blocks computes in float32 on every class
+    with bfloat16 kernels; a multiple of 16, a dense convolution or an unknown shape stays."""
+    forced_class(cls)
+    amp.init("bfloat16")
+    dw = dict(kernel=(3, 3), num_filter=72, num_group=72)
+    got, why = amp.precision_of("Convolution", data_shape=(8, 72, 28, 28), **dw)
+    assert got == "float32" and "multiple of 16" in why, (got, why)
+    assert amp.precision_of("Convolution", data_shape=(8, 64, 28, 28), kernel=(3, 3),
+                            num_filter=64, num_group=64)[0] == "bfloat16"
+    assert amp.precision_of("Convolution", data_shape=(8, 72, 28, 28), kernel=(3, 3),
+                            num_filter=72)[0] == "bfloat16", "dense convolutions are not concerned"
+    assert amp.precision_of("Convolution", **dw)[0] == "bfloat16", \
+        "a speed rule leaves an unknown shape in bfloat16"
 
 
 def test_amx_guard_in_symbols_and_hybridized_blocks(forced_class):

@@ -11,8 +11,11 @@ These tests check the list against the probe's last full run (the committed tabl
 timing here: speed is measured in ``benchmark/``), the decisions it drives, and what it does
 to accuracy: a broadcasting op's backward now sums in float32.
 """
+import json
 import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -169,3 +172,74 @@ def test_squeeze_excitation_gradients_sum_in_float32(hybridize):
     assert control["conv0_bias"] > 2 ** -6, \
         "bfloat16 sums no longer lose precision (%s): the float32 rule may be for speed " \
         "alone now %s" % (control, where())
+
+
+DEPTHWISE_SCRIPT = r"""
+import json, sys
+import mxnet as mx
+from mxnet import gluon
+from mxamp import amp
+from mxamp.dtypes import BFLOAT16
+
+def block(channels):
+    net = gluon.nn.Conv2D(channels, 3, padding=1, groups=channels, in_channels=channels,
+                          use_bias=False)
+    net.initialize()
+    net.hybridize()
+    return net
+
+x = {c: mx.nd.random.uniform(shape=(2, c, 28, 28)) for c in (64, 72)}
+print("RAW", flush=True)                 # oneDNN's own choice for bf16, no AMP
+for c in (64, 72):
+    w = mx.nd.random.uniform(shape=(c, 1, 3, 3))
+    try:
+        mx.nd.Convolution(mx.nd.amp_cast(x[c], dtype=BFLOAT16), mx.nd.amp_cast(w, dtype=BFLOAT16),
+                          kernel=(3, 3), pad=(1, 1), num_filter=c, num_group=c,
+                          no_bias=True).wait_to_read()
+    except mx.base.MXNetError:
+        pass                             # class none: no bf16 kernel
+amp.init("bfloat16")
+print("AMP", flush=True)
+dtypes = {c: str(block(c)(x[c]).dtype) for c in (64, 72)}
+mx.nd.waitall()
+print("DTYPES " + json.dumps(dtypes), flush=True)
+"""
+
+
+def _convolutions(section):
+    """(implementation, source dtype) of each convolution oneDNN's verbose output shows."""
+    found = []
+    for line in section:
+        fields = line.split(",")
+        if line.startswith("dnnl_verbose,exec,cpu,convolution") and len(fields) > 6:
+            source = fields[6].split()[0].split(":")[0]       # e.g. 'src_bf16'
+            found.append((fields[4], source.split("_")[1], fields[-2]))
+    return found
+
+
+@pytest.mark.cpu_class
+def test_depthwise_convolutions_off_16_channel_blocks_compute_in_float32():
+    """oneDNN's verbose output says which kernel ran. In MXNet alone, a bfloat16 depthwise
+    convolution with 72 channels runs gemm:jit (no bfloat16 depthwise kernel for channel
+    counts off 16-blocks), one with 64 a depthwise kernel. Under ``amp.init('bfloat16')`` the
+    72-channel one computes in float32 (src_f32, a float32 depthwise kernel) and the
+    64-channel one stays in bfloat16."""
+    run = subprocess.run([sys.executable, "-c", DEPTHWISE_SCRIPT], capture_output=True,
+                         text=True, timeout=300, env=dict(os.environ, DNNL_VERBOSE="1"))
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    raw = _convolutions(lines[lines.index("RAW"):lines.index("AMP")])
+    under_amp = _convolutions(lines[lines.index("AMP"):])
+    dtypes = json.loads(next(l for l in lines if l.startswith("DTYPES "))[7:])
+    if not BF16_KERNELS:                 # class none: every convolution in float32
+        assert {src for _, src, _ in under_amp} == {"f32"}, under_amp
+        return
+    by_groups = {shape.split("mb")[0]: (impl, src) for impl, src, shape in raw}
+    assert "gemm" in by_groups["g72"][0] and "gemm" not in by_groups["g64"][0], (
+        "oneDNN's bf16 depthwise dispatch changed (%s): the rule for channel counts off "
+        "16-blocks may no longer be needed %s" % (raw, where()))
+    amp_by_groups = {shape.split("mb")[0]: (impl, src) for impl, src, shape in under_amp}
+    assert amp_by_groups["g72"][1] == "f32" and "gemm" not in amp_by_groups["g72"][0], \
+        under_amp
+    assert amp_by_groups["g64"][1] == "bf16", under_amp
+    assert dtypes == {"64": str(BFLOAT16), "72": str(np.dtype(np.float32).type)}, dtypes

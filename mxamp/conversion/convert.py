@@ -264,7 +264,8 @@ def _example_shapes(inputs, example_inputs):
 
 def _say_if_shapes_are_unknown(shapes, amp_plan):
     """A rule on shapes (the AMX guard) holds where shapes are unknown: say how to give them."""
-    guarded = [d for d in amp_plan.device_plans if d.low_precision and d.fp32_when]
+    guarded = [d for d in amp_plan.device_plans if d.low_precision and any(
+        c.if_unknown for conds in d.fp32_when.values() for c in conds)]
     if not shapes and guarded:
         _LOG.warning("mxamp: convert_hybrid_block does not know the input shapes, so every "
                     "convolution a shape rule of CPU class %r could concern stays float32 (%s). "

@@ -12,7 +12,9 @@ bfloat16 has float32's exponent range but only 8 significant bits, so precision-
 (reductions, softmax, norms, losses, exp/log) stay float32 as for float16 (common). Where a
 bfloat16 kernel works but is MXNet's generic one, 2-30x slower than float32 (scalar arithmetic,
 ``clip``, comparisons, ``broadcast_*``, ...), the op computes in float32 for speed
-(``SLOW_BF16``, timed by ``ci/probe_bf16_speed.py``). MXNet 1.9.1 lacks bfloat16 CPU kernels for many
+(``SLOW_BF16``, timed by ``ci/probe_bf16_speed.py``).
+
+MXNet 1.9.1 lacks bfloat16 CPU kernels for many
 ops: each op in the NEUTRAL, WIDEST, LOW_PRECISION and CONDITIONAL_FP32 tables was run on
 bfloat16 input by ``ci/probe_bf16_kernels.py`` (2-D and 4-D shapes, forked child per op, results
 compared with float32); the ones that raise, crash or give wrong numbers sit in DIFF_FP32 under
@@ -290,7 +292,19 @@ _AMX_HEAP_SHAPES = (
     (("kernel", ("1",)), ("stride", ("1",)), ("in_channels", ("%16",)),
      ("spatial_size", ("27..48",))),
     True, R_AMX_HEAP)
+# A speed rule on every class with bfloat16 kernels: oneDNN 2.4's bfloat16 depthwise kernel
+# (jit_dw:avx512_core_bf16) takes channels in blocks of 16, and a depthwise convolution whose
+# channel count is not a multiple of 16 falls to gemm:jit, a generic path. float32 has an
+# 8-channel kernel (jit_dw:avx2) for those. MobileNetV3-Large (72, 120, 184, 200 channels),
+# batch 8 at 224 px on the Zen 4, one training step per oneDNN's verbose output: 23.2 ms bf16
+# against 1.1 ms fp32 (g120, 5x5, forward), 44.0 against 1.5 (its backward), 133 ms of the
+# step in all. Where the shape cannot be known the convolution stays in bfloat16.
+R_DW_NOT_16 = ("oneDNN 2.4 has no bfloat16 depthwise kernel for channel counts that are not a "
+               "multiple of 16 (gemm:jit: 10-40x float32's jit_dw:avx2, MobileNetV3 on a Zen 4)")
+_DW_NOT_16 = ((("depthwise", ("True",)), ("in_channels", ("!%16",))), False, R_DW_NOT_16)
+_CONVOLUTIONS = ("Convolution", "_npx_convolution", "_sg_mkldnn_conv")
 FP32_WHEN_BY_CPU_CLASS = {
-    "amx": {op: (_AMX_HEAP_SHAPES,)
-            for op in ("Convolution", "_npx_convolution", "_sg_mkldnn_conv")},
+    "amx": {op: (_AMX_HEAP_SHAPES, _DW_NOT_16) for op in _CONVOLUTIONS},
+    "native": {op: (_DW_NOT_16,) for op in _CONVOLUTIONS},
+    "emulated": {op: (_DW_NOT_16,) for op in _CONVOLUTIONS},
 }

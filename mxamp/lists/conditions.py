@@ -23,8 +23,8 @@ Shape words (computed from the data input, ``NC...`` layouts):
                     ``grouped`` (``num_group`` > 1) or ``dense``
 =================== =============================================================
 
-and numeric values may be comparisons: ``'<=4'``, ``'>=24'``, ``'16..64'`` (a closed range) or
-``'%32'`` (a multiple of 32). A test whose value cannot be known (a Symbol whose shapes are not
+and numeric values may be comparisons: ``'<=4'``, ``'>=24'``, ``'16..64'`` (a closed range),
+``'%32'`` (a multiple of 32) or ``'!%16'`` (not a multiple of 16: a leading ``!`` negates). A test whose value cannot be known (a Symbol whose shapes are not
 inferred yet) counts as ``if_unknown``: safety rules (a kernel that corrupts memory) say True,
 speed rules say False.
 
@@ -75,9 +75,11 @@ def value_matches(actual, wanted):
 
     >>> value_matches((1, 1), '1'), value_matches(48, '%16'), value_matches(30, '16..64')
     (True, True, True)
-    >>> value_matches((1, 2), '1'), value_matches(3, '>=4')
-    (False, False)
+    >>> value_matches((1, 2), '1'), value_matches(3, '>=4'), value_matches(72, '!%16')
+    (False, False, True)
     """
+    if isinstance(wanted, str) and wanted.strip().startswith("!"):
+        return not value_matches(actual, wanted.strip()[1:])
     if isinstance(wanted, str):
         text = wanted.strip()
         number = _numeric(actual)
@@ -196,6 +198,8 @@ class Condition(NamedTuple):
             shown = "|".join(str(v) for v in values)
             if len(values) == 1 and str(values[0]).startswith("%"):
                 parts.append("%s a multiple of %s" % (name, str(values[0])[1:]))
+            elif len(values) == 1 and str(values[0]).startswith("!%"):
+                parts.append("%s not a multiple of %s" % (name, str(values[0])[2:]))
             elif len(values) == 1 and ".." in str(values[0]):
                 parts.append("%s in %s" % (name, values[0]))
             else:

@@ -332,8 +332,8 @@ def disabled():
     """A region (of this thread) where AMP puts no op into low precision.
 
     Low-precision-list, float32-list and conditional ops get their inputs cast to float32;
-    dtype-neutral ops (reshape, relu, optimizer updates, explicit casts) run in their input's
-    dtype, as without AMP, so float32 inputs mean float32 everywhere. Imperative calls and
+    dtype-neutral ops (reshape, Activation, optimizer updates, explicit casts) run in their
+    input's dtype, as without AMP, so float32 inputs mean float32 everywhere. Imperative calls and
     graphs built inside the region are affected; a hybridized block keeps the graph it built.
 
     >>> import mxnet as mx
