@@ -67,7 +67,12 @@ wait $suite
 # the bfloat16 backward kernels under AMX, on cores 0-3 while the class runs use 4-15
 ( timeout 150 taskset -c ${MEASURE_CPUS:-0-3} $PY ci/probe_bf16_kernels.py --backward \
     ${DRY:+--ops gather_nd,relu} --out "$OUT/probe-backward.txt" > /dev/null 2>&1
-  echo "probe-backward rc=$?: $(head -1 "$OUT/probe-backward.txt" 2>/dev/null)" ) &
+  echo "probe-backward rc=$?: $(head -1 "$OUT/probe-backward.txt" 2>/dev/null)"
+  # MXNet's generic bf16 kernels against oneDNN's there (SLOW_BF16 was measured on a Zen 4)
+  timeout 60 taskset -c ${MEASURE_CPUS:-0-3} $PY ci/probe_bf16_speed.py --ops \
+    _plus_scalar,_mul_scalar,clip,relu,sigmoid,elemwise_mul,broadcast_mul,broadcast_add,Activation,LeakyReLU,Pooling,elemwise_add,Flatten \
+    --out "$OUT/probe-speed.txt" > /dev/null 2>&1
+  echo "probe-speed rc=$?: $(head -1 "$OUT/probe-speed.txt" 2>/dev/null)" ) &
 c=4
 for s in MXAMP_AMX=0 DNNL_MAX_CPU_ISA=AVX512_CORE DNNL_MAX_CPU_ISA=AVX2; do
   { echo "$head"; echo "# $s OMP_NUM_THREADS=1 taskset -c $c-$((c+3)) pytest -n 4 -m cpu_class tests"

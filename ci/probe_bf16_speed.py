@@ -19,12 +19,12 @@ of its input and, where a bfloat16 op consumes it, one back: the child times tha
     bf16 time > 1.25 x (float32 time + 2 x cast time)
 
 (the 1.25 keeps timing noise out), else ``pays``. ``mxamp/lists/bfloat16.py`` computes the
-``slow`` ops in float32 (reason ``R_SLOW_BF16``); ``tests/test_lists_kernels.py`` checks that
+``slow`` ops in float32 (``SLOW_BF16``); ``tests/test_slow_kernels.py`` checks that
 list against the last full run, kept in ``ci/probe_results_bfloat16_speed.txt``.
 
 Usage::
 
-    python ci/probe_bf16_speed.py                         # the listed ops, about 4 minutes
+    python ci/probe_bf16_speed.py                         # the listed ops, ~2.5 min on 2 cores
     python ci/probe_bf16_speed.py --ops clip,Activation --out /tmp/speed.txt
 
 Exit status 0; the table is the result. Run it on a quiet machine.

@@ -298,7 +298,10 @@ _AMX_HEAP_SHAPES = (
 # 8-channel kernel (jit_dw:avx2) for those. MobileNetV3-Large (72, 120, 184, 200 channels),
 # batch 8 at 224 px on the Zen 4, one training step per oneDNN's verbose output: 23.2 ms bf16
 # against 1.1 ms fp32 (g120, 5x5, forward), 44.0 against 1.5 (its backward), 133 ms of the
-# step in all. Where the shape cannot be known the convolution stays in bfloat16.
+# step in all; the same gemm fallback under DNNL_MAX_CPU_ISA=AVX512_CORE (emulated). Not
+# measured on AMX, which dispatches depthwise convolutions to the same avx512_core_bf16
+# family in oneDNN 2.4: ci/device_amx.sh's verbose logs will say. Where the shape cannot be
+# known the convolution stays in bfloat16.
 R_DW_NOT_16 = ("oneDNN 2.4 has no bfloat16 depthwise kernel for channel counts that are not a "
                "multiple of 16 (gemm:jit: 10-40x float32's jit_dw:avx2, MobileNetV3 on a Zen 4)")
 _DW_NOT_16 = ((("depthwise", ("True",)), ("in_channels", ("!%16",))), False, R_DW_NOT_16)
