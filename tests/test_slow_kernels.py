@@ -73,9 +73,10 @@ def test_generic_ops_compute_in_float32_and_onednn_ops_in_bfloat16():
     gate = mx.nd.amp_cast(mx.nd.ones((2, 4, 1, 1)), dtype=BFLOAT16)
     amp.init("bfloat16")
     try:
-        generic = {"x + 3": x + 3.0, "clip": mx.nd.clip(x, 0, 6), "relu op": mx.nd.relu(x),
+        generic = {"x + 3": x + 3.0, "clip": mx.nd.clip(x, 0, 6),
                    "broadcast_mul": mx.nd.broadcast_mul(x, gate)}
         onednn = {"Activation": mx.nd.Activation(x, act_type="relu"),
+                  "relu op (as Activation)": mx.nd.relu(x),
                   "Pooling": mx.nd.Pooling(x, kernel=(2, 2), stride=(2, 2), pool_type="max")}
         assert {k: v.dtype for k, v in generic.items()} == dict.fromkeys(generic, np.float32)
         assert {k: v.dtype for k, v in onednn.items()} == dict.fromkeys(onednn, LOW), where()
@@ -243,3 +244,64 @@ def test_depthwise_convolutions_off_16_channel_blocks_compute_in_float32():
         under_amp
     assert amp_by_groups["g64"][1] == "bf16", under_amp
     assert dtypes == {"64": str(BFLOAT16), "72": str(np.dtype(np.float32).type)}, dtypes
+
+
+@pytest.mark.cpu_class
+def test_relu_sigmoid_tanh_on_bfloat16_data_run_as_onednn_activation():
+    """The generic ``relu``/``sigmoid``/``tanh`` ops compute the function of oneDNN's
+    Activation. On bfloat16 data mxamp calls Activation for them (bfloat16 where the class has
+    its kernel, float32 on 'none'): the values and gradients of Activation itself, and in a
+    hybridized block no cast to float32. An override naming relu keeps it float32."""
+    rng = np.random.default_rng(5)
+    values = mx.nd.array(rng.uniform(-3, 3, (4, 16, 6, 6)))
+    amp.init("bfloat16")
+    try:
+        for op, act in ((mx.nd.relu, "relu"), (mx.nd.sigmoid, "sigmoid"), (mx.nd.tanh, "tanh")):
+            outs, grads = [], []
+            for fn in (op, lambda v: mx.nd.Activation(v, act_type=act)):
+                x = mx.nd.amp_cast(values, dtype=BFLOAT16)
+                x.attach_grad()
+                with autograd.record():
+                    y = fn(x)
+                y.backward(mx.nd.amp_cast(mx.nd.ones_like(values), dtype=y.dtype))
+                outs.append(y)
+                grads.append(mx.nd.amp_cast(x.grad, dtype="float32").asnumpy())
+            assert outs[0].dtype == LOW, (act, outs[0].dtype, where())
+            as_f32 = [mx.nd.amp_cast(o, dtype="float32").asnumpy() for o in outs]
+            if BF16_KERNELS:        # the same kernel: bit for bit
+                assert np.array_equal(as_f32[0], as_f32[1]) and np.array_equal(*grads), act
+            else:                   # class none: float32's generic op against Activation's
+                # float32 kernel; measured at most 1 ulp apart (sigmoid, AVX2 cap)
+                np.testing.assert_allclose(as_f32[0], as_f32[1], rtol=1e-6, atol=1e-7)
+                np.testing.assert_allclose(grads[0], grads[1], rtol=1e-6, atol=1e-7)
+        numpy_data = mx.nd.amp_cast(values, dtype=BFLOAT16).as_np_ndarray()
+        assert mx.npx.relu(numpy_data).dtype == LOW and mx.np.tanh(numpy_data).dtype == LOW
+
+        class ConvRelu(gluon.HybridBlock):
+            def __init__(self):
+                super().__init__()
+                with self.name_scope():
+                    self.conv = gluon.nn.Conv2D(16, 3, padding=1, in_channels=16)
+
+            def hybrid_forward(self, F, x):
+                return F.relu(self.conv(x))
+
+        net = ConvRelu()
+        net.initialize()
+        net.hybridize()
+        assert net(values).dtype == LOW, where()
+        graph = json.loads(net._cached_graph[1].tojson(remove_amp_cast=False))["nodes"]
+        ops = [n["op"] for n in graph if n["op"] != "null"]
+        to_fp32 = [n for n in graph if n["op"] == "amp_cast"
+                   and n.get("attrs", {}).get("dtype") == "float32"]
+        if BF16_KERNELS:
+            assert "relu" not in ops and "Activation" in ops and not to_fp32, ops
+    finally:
+        amp.reset()
+    lists = get_op_lists("bfloat16")
+    amp.init("bfloat16", fp32_ops=sorted(lists.fp32))
+    try:
+        x = mx.nd.amp_cast(values, dtype=BFLOAT16)
+        assert mx.nd.relu(x).dtype == np.float32, "the user's lists decide: relu in float32"
+    finally:
+        amp.reset()

@@ -214,6 +214,13 @@ SLOW_BF16 = {
 }
 DIFF_FP32 = {**DIFF_FP32, **SLOW_BF16}
 
+# Slow generic ops that compute the same function as a oneDNN Activation: op -> its act_type.
+# On bfloat16 data the patcher calls Activation for them instead of casting to float32 (where
+# the default lists are in force and Activation computes in bfloat16 on the CPU), so F.relu
+# in a user's block costs no cast. The converter's graph pass casts them to float32 instead.
+ONEDNN_TWINS = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "_npx_relu": "relu",
+                "_npx_sigmoid": "sigmoid", "_npi_tanh": "tanh"}
+
 # Multi-input ops: nothing beyond common's (float16's extra ones lack a bfloat16 kernel: FP32).
 DIFF_WIDEST = {}
 

@@ -34,11 +34,12 @@ ones behaves as ``fp32``.
 
 from mxamp import dtypes
 from mxamp.runtime.casting import NDArray, Symbol, array_dtype
-from mxamp.backend.mxnet_private import rebuild_symbol
+from mxamp.backend.mxnet_private import NumpySymbol, rebuild_symbol
 from mxamp.backend.devices import gpu_available
 from mxamp.backend.graphs import symbol_data_shape
 from mxamp.runtime.hooks import building_input_shapes
 from mxamp.precision.plan import amp_enabled, decide
+from mxamp.lists.bfloat16 import ONEDNN_TWINS
 from mxamp.lists.float16 import NO_CPU_KERNEL_WHY
 from mxamp.runtime.state import STATE
 
@@ -102,9 +103,36 @@ def _skip_names(rule, func):
     return frozenset(skip)
 
 
+def _onednn_twin(rule):
+    """The Activation ``act_type`` that computes ``rule``'s op with oneDNN on bfloat16 data
+    (:data:`mxamp.lists.bfloat16.ONEDNN_TWINS`), or None: only under the default lists (an
+    override or a policy decides for itself) and where Activation computes in bfloat16."""
+    act = ONEDNN_TWINS.get(rule.op_name)
+    if act is None or rule.target != "bfloat16" or rule.category != "fp32" or rule.fp32_on_cpu:
+        return None
+    plan, arguments = STATE.plan, STATE.arguments
+    if plan is None or arguments is None or any(a is not None for a in arguments[1:]):
+        return None
+    cpu = plan.cpu
+    return act if cpu.low_precision and "Activation" not in cpu.fp32_ops else None
+
+
+def _call_twin(data, act, name=None):
+    """``Activation(data, act_type=act)`` in the namespace of ``data``'s type."""
+    import mxnet as mx
+    if isinstance(data, Symbol):
+        if isinstance(data, NumpySymbol):
+            return mx.sym.npx.activation(data, act_type=act, name=name)
+        return mx.sym.Activation(data, act_type=act, name=name)
+    if isinstance(data, mx.np.ndarray):
+        return mx.npx.activation(data, act_type=act)
+    return mx.nd.Activation(data, act_type=act)
+
+
 def _ndarray_wrapper(func, rule):
     skip = _skip_names(rule, func)
     neutral = rule.category == "neutral" and not rule.fp32_on_cpu
+    twin = _onednn_twin(rule)
 
     def wrapped(*args, **kwargs):
         if neutral:
@@ -116,6 +144,9 @@ def _ndarray_wrapper(func, rule):
         first = _get(args, kwargs, slots[0])
         mode, to = _decide(rule, kwargs, lambda: dtypes.is_cpu(first.context),
                          lambda: first.shape)
+        if (twin and to == "float32" and len(slots) == 1 and kwargs.get("out") is None
+                and array_dtype(first) == "bfloat16" and dtypes.is_cpu(first.context)):
+            return _call_twin(first, twin)
         if mode == "to":
             for slot in slots:
                 if slot in skip and to != "float32":
@@ -160,6 +191,7 @@ def _symbol_output_dtype(rule, mode, to, in_dtypes, kwargs):
 def _symbol_wrapper(func, rule):
     skip = _skip_names(rule, func)
     table = STATE.symbol_dtypes
+    twin = _onednn_twin(rule)
 
     unknown = "float32" if rule.unknown_is_fp32 else None
 
@@ -171,6 +203,8 @@ def _symbol_wrapper(func, rule):
                                                            building_input_shapes())
                          if slots else None)
         in_dtypes = [table.dtype_of(_get(args, kwargs, s)) or unknown for s in slots]
+        if twin and to == "float32" and in_dtypes == ["bfloat16"] and kwargs.get("out") is None:
+            return _call_twin(_get(args, kwargs, slots[0]), twin, kwargs.get("name"))
         if mode == "to":
             for slot, cur in zip(slots, in_dtypes):
                 if (slot in skip and to != "float32") or cur == to or cur == "float64":
