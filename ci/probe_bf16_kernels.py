@@ -317,6 +317,17 @@ def run_forked(name, child, timeout):
     return result
 
 
+def one_name_per_op(wanted, alias_of):
+    """{canonical op: the one name of ``wanted`` to probe it under}: the canonical name where
+    it is wanted, else the first wanted alias."""
+    chosen = {}
+    for name in sorted(wanted):
+        canon = alias_of[name]
+        if canon not in chosen or name == canon:
+            chosen[canon] = name
+    return chosen
+
+
 def _listed_ops(dtype, categories):
     """The op names mxamp's lists for ``dtype`` hold in ``categories``, and their conditions."""
     from mxamp.lists import get_op_lists
@@ -352,12 +363,7 @@ def main(argv=None):
     unknown = sorted(wanted - set(alias_of))
     if unknown:
         parser.error("not registered forward operators: %s" % ", ".join(unknown))
-    # One probe per op: prefer the canonical name, else the first listed alias.
-    chosen = {}
-    for name in sorted(wanted):
-        canon = alias_of[name]
-        if canon not in chosen or name == canon:
-            chosen[canon] = name
+    chosen = one_name_per_op(wanted, alias_of)
     results, start = [], time.time()
     for canon in sorted(chosen, key=str.lower):
         result = probe(chosen[canon], args.dtype, conditions.get(chosen[canon]),

@@ -41,8 +41,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import mxnet as mx  # noqa: E402
 from probe_bf16_kernels import (  # noqa: E402  (lives beside us)
-    BFLOAT16, GRAD_KINDS, _call, _listed_ops, _make_inputs, _op_info, _to_nd, forward_ops,
-    run_forked)
+    BFLOAT16, GRAD_KINDS, _call, _drain_errors, _listed_ops, _make_inputs, _op_info, _to_nd,
+    forward_ops, one_name_per_op, run_forked)
 from probe_recipes import GENERIC_SHAPES, IMG, RANDOM_OP, recipes_for  # noqa: E402
 
 #: Activation-sized shapes that replace the recipes' small ones (401,408 elements each).
@@ -115,15 +115,8 @@ def _step_fn(handle, arrays, kwargs, np_op, kinds):
             mx.nd.waitall()
             return fn, what
         except Exception:  # noqa: BLE001 - no gradient here: try the forward alone
-            _drain()
+            _drain_errors()
     raise ValueError("the recipe does not run at this size")
-
-
-def _drain():
-    try:
-        mx.nd.waitall()
-    except Exception:  # noqa: BLE001 - reported by the call that failed
-        pass
 
 
 def _cast_ms(shape, repeats):
@@ -190,11 +183,10 @@ def main(argv=None):
     alias_of = {alias: canon for canon, names in ops.items() for alias in names}
     listed, conditions, widest = _listed_ops("bfloat16", ("neutral", "widest", "conditional_fp32"))
     wanted = set(args.ops.split(",")) if args.ops else listed
-    chosen = {}
-    for name in sorted(wanted):
-        canon = alias_of[name]
-        if canon not in chosen or name == canon:
-            chosen[canon] = name
+    unknown = sorted(wanted - set(alias_of))
+    if unknown:
+        parser.error("not registered forward operators: %s" % ", ".join(unknown))
+    chosen = one_name_per_op(wanted, alias_of)
     lines, counts, start = [], {}, time.time()
     for canon in sorted(chosen, key=str.lower):
         name = chosen[canon]

@@ -24,9 +24,9 @@ Shape words (computed from the data input, ``NC...`` layouts):
 =================== =============================================================
 
 and numeric values may be comparisons: ``'<=4'``, ``'>=24'``, ``'16..64'`` (a closed range),
-``'%32'`` (a multiple of 32) or ``'!%16'`` (not a multiple of 16: a leading ``!`` negates). A test whose value cannot be known (a Symbol whose shapes are not
-inferred yet) counts as ``if_unknown``: safety rules (a kernel that corrupts memory) say True,
-speed rules say False.
+``'%32'`` (a multiple of 32) or ``'!%16'`` (not a multiple of 16: a leading ``!`` negates).
+A test whose value cannot be known (a Symbol whose shapes are not inferred yet) counts as
+``if_unknown``: safety rules (a kernel that corrupts memory) say True, speed rules say False.
 
 >>> c = Condition((('kernel', ('1',)), ('in_channels', ('<=4',))))
 >>> c.holds({'kernel': (1, 1)}, (8, 3, 32, 32)), c.holds({'kernel': '(3, 3)'}, (8, 3, 32, 32))

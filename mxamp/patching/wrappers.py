@@ -111,6 +111,7 @@ def _onednn_twin(rule):
     if act is None or rule.target != "bfloat16" or rule.category != "fp32" or rule.fp32_on_cpu:
         return None
     plan, arguments = STATE.plan, STATE.arguments
+    # arguments: (request, target_precision_ops, conditional_fp32_ops, fp32_ops, policy)
     if plan is None or arguments is None or any(a is not None for a in arguments[1:]):
         return None
     cpu = plan.cpu
