@@ -45,6 +45,9 @@ WORKLOADS = {w.name: w for w in [
              "train", "mobilenetv3_large", (8, 3, 224, 224), 10, (2, 3, 64, 64)),
     Workload("se_resnet18_train", "GluonCV SE-ResNet-18 train, batch 16x3x112x112", "train",
              "se_resnet18_v1", (16, 3, 112, 112), 10, (2, 3, 64, 64)),
+    # Grouped convolutions of 4 to 32 channels per group.
+    Workload("resnext50_train", "GluonCV ResNeXt-50 32x4d train, batch 8x3x112x112", "train",
+             "resnext50_32x4d", (8, 3, 112, 112), 10, (2, 3, 64, 64)),
     Workload("transformer_train", "Transformer encoder block train, batch 32x128x512", "train",
              "transformer", (32, 128, 512), 0, (2, 32, 512)),
     Workload("resnet18_infer", "ResNet-18 converted inference, batch 8x3x224x224", "infer",
@@ -99,7 +102,7 @@ def _transformer_block():
 
 
 #: Classification models built from GluonCV's model zoo rather than MXNet's.
-GLUONCV_MODELS = ("mobilenetv3_large", "se_resnet18_v1")
+GLUONCV_MODELS = ("mobilenetv3_large", "se_resnet18_v1", "resnext50_32x4d")
 
 
 def build_model(workload):

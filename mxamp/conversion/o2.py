@@ -164,7 +164,7 @@ def _fp32_where(block, conditions, target):
     @functools.wraps(inner)
     def hybrid_forward(F, x, *args, **params):
         shape = x.shape if isinstance(x, mx.nd.NDArray) else symbol_data_shape(x, building_input_shapes())
-        if not any(c.holds(attrs, shape) for c in conditions):
+        if not any(c.holds(attrs, shape, mx.autograd.is_recording()) for c in conditions):
             return inner(F, x, *args, **params)
         return _cast_nested(_in_float32(inner, F, (x,) + args, params), target)
     block.hybrid_forward = hybrid_forward

@@ -78,7 +78,7 @@ def conditional_fp32_nodes(sym, lists, known_shapes=None):
     lists (``conditional_fp32_ops``) or a condition of the CPU class the graph is built for.
 
     ``known_shapes`` maps input names to shapes; a condition on a shape that cannot be inferred
-    counts as its ``if_unknown``.
+    counts as its ``if_unknown``. The graph is an inference model: ``training`` is False.
 
     >>> import mxnet as mx
     >>> from mxamp.precision.resolve import lists_for
@@ -95,4 +95,5 @@ def conditional_fp32_nodes(sym, lists, known_shapes=None):
     need_shapes = [n for n in candidates if any(c.needs_shapes() for c in rules[n["op"]])]
     shapes = data_shapes_of(sym, need_shapes, known_shapes or {})
     return {n["name"] for n in candidates
-            if any(c.holds(n.get("attrs", {}), shapes.get(n["name"])) for c in rules[n["op"]])}
+            if any(c.holds(n.get("attrs", {}), shapes.get(n["name"]), False)
+                   for c in rules[n["op"]])}

@@ -312,9 +312,30 @@ _AMX_HEAP_SHAPES = (
 R_DW_NOT_16 = ("oneDNN 2.4 has no bfloat16 depthwise kernel for channel counts that are not a "
                "multiple of 16 (gemm:jit: 10-40x float32's jit_dw:avx2, MobileNetV3 on a Zen 4)")
 _DW_NOT_16 = ((("depthwise", ("True",)), ("in_channels", ("!%16",))), False, R_DW_NOT_16)
+# A speed rule of the classes without AMX: oneDNN 2.4's bfloat16 convolutions (jit_bf16,
+# jit_bf16_1x1) take input and output channels in blocks of 16. A dense or pointwise
+# convolution with either count off that grid (a stem's 3 input channels too) falls to
+# gemm:jit and hands its output on in plain layout, where the BatchNorm after it runs
+# ncsp_bnorm: in bfloat16 3-4x that kernel's float32 time (ShuffleNet V2's 58/116/232 channels:
+# 48.7 ms bf16 against 15.0 ms fp32 per step). In float32 the same convolutions take 8-channel
+# kernels (jit:avx2, jit_1x1:avx2) and the BatchNorm after them bnorm_jit. One training step
+# each, GluonCV at 112 px on the Zen 4, fresh processes, best of 4 (alternating, 2 rounds):
+# ShuffleNet V2 123-137 ms -> 84 ms (float32 80), MobileNet V2 251 -> 208-219 (226),
+# MobileNetV3-Small 119-122 -> 97-99 (89). Training only: for inference (forward_inference)
+# oneDNN runs a 1x1 convolution from 24 channels on brgconv_1x1 in nhwc, and the BatchNorm
+# after it on bnorm_jit (verbose output, same CPU); converted models keep their bfloat16
+# convolutions. Grouped and depthwise convolutions have rules of their own. Not on 'amx',
+# whose brgconv kernels lay data out as nhwc at any channel count (not measured there).
+# Where the shape cannot be known the convolution stays in bfloat16.
+R_CONV_NOT_16 = ("oneDNN 2.4's bfloat16 convolutions take channels in blocks of 16; off them "
+                 "(a stem too) they train on gemm:jit in plain layout, and the BatchNorm after "
+                 "them on ncsp_bnorm, 3-4x float32 (ShuffleNet V2, MobileNet V2 on a Zen 4)")
+_NOT_GROUPED = (("training", ("True",)), ("conv_kind", ("stem", "pointwise", "dense")))
+_CONV_NOT_16 = ((_NOT_GROUPED + (("in_channels", ("!%16",)),), False, R_CONV_NOT_16),
+                (_NOT_GROUPED + (("num_filter", ("!%16",)),), False, R_CONV_NOT_16))
 _CONVOLUTIONS = ("Convolution", "_npx_convolution", "_sg_mkldnn_conv")
 FP32_WHEN_BY_CPU_CLASS = {
     "amx": {op: (_AMX_HEAP_SHAPES, _DW_NOT_16) for op in _CONVOLUTIONS},
-    "native": {op: (_DW_NOT_16,) for op in _CONVOLUTIONS},
-    "emulated": {op: (_DW_NOT_16,) for op in _CONVOLUTIONS},
+    "native": {op: (_DW_NOT_16,) + _CONV_NOT_16 for op in _CONVOLUTIONS},
+    "emulated": {op: (_DW_NOT_16,) + _CONV_NOT_16 for op in _CONVOLUTIONS},
 }

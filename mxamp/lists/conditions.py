@@ -23,7 +23,15 @@ Shape words (computed from the data input, ``NC...`` layouts):
                     ``grouped`` (``num_group`` > 1) or ``dense``
 =================== =============================================================
 
-and numeric values may be comparisons: ``'<=4'``, ``'>=24'``, ``'16..64'`` (a closed range),
+and one word of the call's context:
+
+=================== =============================================================
+``training``        ``True`` when the call is recorded for training (inside
+                    ``autograd.record()``; a hybridized graph: when it was built);
+                    ``False`` for the inference models ``convert_*`` builds
+=================== =============================================================
+
+Numeric values may be comparisons: ``'<=4'``, ``'>=24'``, ``'16..64'`` (a closed range),
 ``'%32'`` (a multiple of 32) or ``'!%16'`` (not a multiple of 16: a leading ``!`` negates).
 A test whose value cannot be known (a Symbol whose shapes are not inferred yet) counts as
 ``if_unknown``: safety rules (a kernel that corrupts memory) say True, speed rules say False.
@@ -39,6 +47,8 @@ from typing import NamedTuple, Optional
 
 #: The shape words a test may name beside operator parameters.
 SHAPE_WORDS = ("in_channels", "spatial_size", "depthwise", "conv_kind")
+#: The context word: oneDNN picks other kernels for training than for inference.
+TRAINING = "training"
 #: MXNet's defaults of the parameters conditions test most (Convolution and Pooling).
 PARAM_DEFAULTS = {"stride": 1, "dilate": 1, "pad": 0, "num_group": 1}
 _UNKNOWN = object()
@@ -163,11 +173,26 @@ class Condition(NamedTuple):
         """
         return any(name in SHAPE_WORDS for name, _ in self.tests)
 
-    def holds(self, attrs, data_shape: Optional[tuple] = None):
+    def names_training(self):
+        """True when a test names the context word ``training``.
+
+        >>> Condition((('training', ('True',)),)).names_training()
+        True
+        """
+        return any(name == TRAINING for name, _ in self.tests)
+
+    def holds(self, attrs, data_shape: Optional[tuple] = None, training: Optional[bool] = None):
         """Whether the condition holds for a call with parameters ``attrs`` (a dict; values as
-        written or as MXNet's graph attributes) and data input shape ``data_shape``."""
+        written or as MXNet's graph attributes), data input shape ``data_shape``, recorded for
+        training or not (``training``; None: unknown).
+
+        >>> c = Condition((('training', ('True',)), ('in_channels', ('!%16',))))
+        >>> c.holds({}, (2, 24, 8, 8), True), c.holds({}, (2, 24, 8, 8), False)
+        (True, False)
+        """
         for name, values in self.tests:
-            actual = self._value(name, attrs, data_shape)
+            actual = self._value(name, attrs, data_shape) if name != TRAINING else \
+                (_UNKNOWN if training is None else bool(training))
             if actual is _UNKNOWN:
                 if not self.if_unknown:
                     return False

@@ -19,7 +19,7 @@ import gc
 import logging
 import time
 
-import mxnet as mx  # noqa: F401 (the doctests use it)
+import mxnet as mx
 
 from mxamp import dtypes
 from mxamp.backend import mxnet_private as mxp, registry
@@ -305,14 +305,15 @@ def patch_state():
     }
 
 
-def precision_of(op_name, data_shape=None, on_cpu=True, **params):
+def precision_of(op_name, data_shape=None, on_cpu=True, training=None, **params):
     """In which precision ``amp.init``'s patch runs one call of ``op_name``, and why.
 
     Returns ``(decision, why)``: ``decision`` is ``'bfloat16'``/``'float16'``/``'float32'``
     (inputs cast to it), ``'widest'`` (inputs cast to their widest float type) or ``'input'``
     (the op runs in its input's dtype). ``data_shape`` is the shape of the data input (for
-    conditions on shapes), ``params`` the call's parameters, ``on_cpu`` where it runs. Nothing
-    is run. Raises RuntimeError before :func:`init`.
+    conditions on shapes), ``params`` the call's parameters, ``on_cpu`` where it runs,
+    ``training`` whether it is recorded for training (None: as a call made here, inside
+    ``autograd.record()`` or not). Nothing is run. Raises RuntimeError before :func:`init`.
 
     >>> from mxamp import amp
     >>> amp.init('bfloat16', conditional_fp32_ops=[('Convolution', 'kernel', ['(7, 7)'])])
@@ -324,7 +325,9 @@ def precision_of(op_name, data_shape=None, on_cpu=True, **params):
     """
     if not STATE.patched:
         raise RuntimeError("amp.precision_of needs amp.init(...) first: it reads the patch")
-    return STATE.plan.precision_of(op_name, data_shape, on_cpu, **params)
+    if training is None:
+        training = mx.autograd.is_recording()
+    return STATE.plan.precision_of(op_name, data_shape, on_cpu, training, **params)
 
 
 @contextlib.contextmanager

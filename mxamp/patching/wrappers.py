@@ -32,6 +32,8 @@ ones behaves as ``fp32``.
 <class 'numpy.float32'>
 """
 
+from mxnet.autograd import is_recording
+
 from mxamp import dtypes
 from mxamp.runtime.casting import NDArray, Symbol, array_dtype
 from mxamp.backend.mxnet_private import NumpySymbol, rebuild_symbol
@@ -84,10 +86,11 @@ def _positional_names(func):
 
 def _decide(rule, kwargs, on_cpu, data_shape):
     """:func:`mxamp.precision.plan.decide`, warning once per float16 GEMM that falls back to float32
-    on a CPU."""
+    on a CPU. A call is for training where autograd records it (a Symbol: where the graph is
+    built inside ``autograd.record()``)."""
     if rule.warn_on_cpu and on_cpu() and amp_enabled():
         _warn_cpu_fallback(rule.op_name)
-    return decide(rule, kwargs, on_cpu, data_shape)
+    return decide(rule, kwargs, on_cpu, data_shape, is_recording)
 
 
 _NO_SKIP = frozenset()

@@ -12,9 +12,8 @@
 3. per device the model runs on (a GPU, or this CPU's bfloat16 class): the ops without a working
    kernel there, the shapes it must not run in bfloat16, and for ``'auto'`` the probe's verdict
    (:func:`mxamp.precision.device_plan`);
-4. per operator, an :class:`OpRule`; :func:`decide` applies it per call (the wrappers of
-   :mod:`mxamp.patching.wrappers`), :meth:`Plan.graph_lists` per graph node
-   (:mod:`mxamp.conversion.convert`), and :mod:`mxamp.conversion.o2` reads the device plan per layer.
+4. per operator, an :class:`OpRule`; :func:`decide` applies it per call (the wrappers),
+   :meth:`Plan.graph_lists` per graph node (the converter); ``o2`` reads the device plan.
 
 >>> from mxamp.precision import plan
 >>> p = plan.make('bfloat16', ['native'])
@@ -38,13 +37,11 @@ from mxamp.runtime.state import STATE
 
 LOG = logging.getLogger("mxamp")
 
-
 # ------------------------------------------------------------------------------ one operator
 
 
 class OpRule(NamedTuple):
-    """What the plan says about one operator (immutable; a named tuple because ``amp.init``
-    makes hundreds).
+    """What the plan says about one operator (a named tuple: ``amp.init`` makes hundreds).
 
     >>> OpRule('fp32', 'bfloat16', 'softmax').category
     'fp32'
@@ -71,9 +68,9 @@ def amp_enabled():
     return not STATE.disabled_depth()
 
 
-def first_holding(conditions, params, data_shape):
+def first_holding(conditions, params, data_shape, training=None):
     """The first of ``conditions`` that holds for a call's ``params``, or None;
-    ``data_shape()`` is asked only if a condition needs the shape.
+    ``data_shape()`` and ``training()`` are asked only if a condition needs them.
 
     >>> from mxamp.lists.conditions import Condition
     >>> rule = Condition((('kernel', ['(7, 7)']),))
@@ -84,16 +81,17 @@ def first_holding(conditions, params, data_shape):
     for cond in conditions:
         if shape is None and cond.needs_shapes():
             shape = data_shape() or ()
-        if cond.holds(params, shape):
+        if cond.holds(params, shape, training() if training and cond.names_training() else None):
             return cond
     return None
 
 
-def decide(rule, params, on_cpu, data_shape):
+def decide(rule, params, on_cpu, data_shape, training=None):
     """The precision of one call: ``('to', dtype)``, ``('widest', None)`` or ``('none', None)``.
 
-    ``on_cpu()`` says where it runs and ``data_shape()`` the shape of its data input; both are
-    asked only when the rule needs them (this runs at every operator call).
+    ``on_cpu()`` says where it runs, ``data_shape()`` the shape of its data input and
+    ``training()`` whether it is recorded for training (None: unknown); each is asked only when
+    the rule needs it (this runs at every operator call).
 
     >>> decide(OpRule('low_precision', 'bfloat16', 'FullyConnected'), {}, lambda: True, tuple)
     ('to', 'bfloat16')
@@ -107,12 +105,13 @@ def decide(rule, params, on_cpu, data_shape):
         # updates writing `out=`, explicit casts...) are left exactly as without AMP.
         return ("none", None) if cat == "neutral" else ("to", "float32")
     if rule.cpu_conditions and on_cpu() and first_holding(rule.cpu_conditions, params,
-                                                          data_shape):
+                                                          data_shape, training):
         # a shape this CPU class must not (or should not) run in low precision
         return "to", "float32"
     if cat == "conditional_fp32":
         # float32 where a condition holds; the op's own list elsewhere
-        cat = "fp32" if first_holding(rule.conditions, params, data_shape) else rule.base
+        cat = "fp32" if first_holding(rule.conditions, params, data_shape, training) \
+            else rule.base
     if cat == "low_precision":
         return "to", rule.target
     if cat == "fp32":
@@ -122,7 +121,7 @@ def decide(rule, params, on_cpu, data_shape):
     return "none", None
 
 
-def explain(rule, params, on_cpu, data_shape):
+def explain(rule, params, on_cpu, data_shape, training=None):
     """Why :func:`decide` decided what it did for one call, in words.
 
     >>> explain(OpRule('fp32', 'bfloat16', 'softmax'), {}, True, None)
@@ -134,11 +133,12 @@ def explain(rule, params, on_cpu, data_shape):
             rule.op_name, where, rule.target)
     if not amp_enabled():
         return "inside amp.disabled()"
-    cond = first_holding(rule.cpu_conditions, params, lambda: data_shape) if on_cpu else None
+    cond = first_holding(rule.cpu_conditions, params, lambda: data_shape,
+                         lambda: training) if on_cpu else None
     if cond is not None:
         return "%s: %s holds %s: %s" % (rule.op_name, cond.describe(), where, cond.reason)
     if rule.category == "conditional_fp32":
-        cond = first_holding(rule.conditions, params, lambda: data_shape)
+        cond = first_holding(rule.conditions, params, lambda: data_shape, lambda: training)
         if cond is not None:
             return "%s: its float32 condition %s holds" % (rule.op_name, cond.describe())
         return "%s: no float32 condition holds, so its own list decides (%r)" % (
@@ -293,7 +293,7 @@ class Plan:
             text = "policy %r: %s" % (self.policy.name, text)
         return text
 
-    def precision_of(self, op_name, data_shape=None, on_cpu=True, **params):
+    def precision_of(self, op_name, data_shape=None, on_cpu=True, training=None, **params):
         """``(decision, why)`` for one call of ``op_name``: see :func:`mxamp.patching.patcher.precision_of`.
 
         >>> make('bfloat16', ['native']).precision_of('Convolution', kernel=(3, 3))[0]
@@ -304,9 +304,9 @@ class Plan:
             return "input", "%s is in no %s op list: MXNet runs it unchanged" % (
                 op_name, self.target)
         shape = tuple(data_shape) if data_shape is not None else None
-        mode, to = decide(rule, params, lambda: on_cpu, lambda: shape)
+        mode, to = decide(rule, params, lambda: on_cpu, lambda: shape, lambda: training)
         decision = {"to": to, "widest": "widest", "none": "input"}[mode]
-        return decision, explain(rule, params, on_cpu, shape)
+        return decision, explain(rule, params, on_cpu, shape, training)
 
 
 # ------------------------------------------------------------------------------- making one
