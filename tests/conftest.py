@@ -51,3 +51,16 @@ def amp_fp16(amp_off):
     from mxamp import amp
     amp.init(target_dtype="float16")
     yield amp
+
+
+@pytest.fixture
+def forced_class(monkeypatch):
+    """Force this process's bfloat16 class (decisions only: nothing low-precision is run)."""
+    from dataclasses import replace
+    from mxamp import amp
+    from mxamp.backend import cpu
+
+    def force(name):
+        monkeypatch.setattr(cpu, "_CLASSIFIED", replace(cpu.cpu_features(), bf16_class=name))
+    yield force
+    amp.reset()

@@ -8,25 +8,13 @@ keeps AMX's heap-corrupting 1x1 convolutions in float32 is checked with the clas
 also run here, since they compute in float32 whatever the CPU. These tests check decisions
 only: none depends on what this CPU computes, so none carries the ``cpu_class`` marker.
 """
-from dataclasses import replace
-
 import mxnet as mx
 import numpy as np
 import pytest
 
 from mxamp import amp
-from mxamp.backend import cpu
 from mxamp.lists import get_op_lists
 from mxamp.lists.conditions import Condition, normalize_value, shape_value, value_matches
-
-
-@pytest.fixture
-def forced_class(monkeypatch):
-    """Force this process's bfloat16 class (decisions only: nothing low-precision is run)."""
-    def force(name):
-        monkeypatch.setattr(cpu, "_CLASSIFIED", replace(cpu.cpu_features(), bf16_class=name))
-    yield force
-    amp.reset()
 
 
 def _in_layer_order(names):
@@ -250,33 +238,6 @@ def test_depthwise_speed_rule_decisions(forced_class, cls):
                             num_filter=72)[0] == "bfloat16", "dense convolutions are not concerned"
     assert amp.precision_of("Convolution", **dw)[0] == "bfloat16", \
         "a speed rule leaves an unknown shape in bfloat16"
-
-
-@pytest.mark.parametrize("cls", ["emulated", "native", "amx"])
-def test_channel_grid_speed_rule_decisions(forced_class, cls):
-    """Checks decisions only (the class forced by ``forced_class``): a dense or pointwise
-    convolution with input or output channels off oneDNN's 16-channel blocks (a stem's 3
-    too) trains in float32 on the classes without AMX; for inference, on a multiple of 16,
-    a grouped convolution, an unknown shape or on 'amx' it stays in bfloat16."""
-    forced_class(cls)
-    amp.init("bfloat16")
-    rule_here = cls != "amx"
-    cases = [((8, 24, 28, 28), dict(kernel=(1, 1), num_filter=144), rule_here),
-             ((8, 96, 28, 28), dict(kernel=(1, 1), num_filter=24), rule_here),
-             ((8, 3, 224, 224), dict(kernel=(7, 7), num_filter=64), rule_here),
-             ((8, 64, 56, 56), dict(kernel=(3, 3), num_filter=64), False),
-             ((8, 128, 28, 28), dict(kernel=(3, 3), num_filter=128, num_group=32), False),
-             (None, dict(kernel=(3, 3), num_filter=24), False)]
-    for shape, params, fp32 in cases:
-        got, why = amp.precision_of("Convolution", data_shape=shape, training=True, **params)
-        assert got == ("float32" if fp32 else "bfloat16"), (cls, shape, params, got, why)
-        if fp32:
-            assert "blocks of 16" in why, why
-        assert amp.precision_of("Convolution", data_shape=shape, training=False,
-                                **params)[0] == "bfloat16", "inference: %s %s" % (shape, params)
-    with mx.autograd.record():          # training=None: as a call made here
-        assert amp.precision_of("Convolution", data_shape=(8, 24, 28, 28), kernel=(1, 1),
-                                num_filter=144)[0] == ("float32" if rule_here else "bfloat16")
 
 
 def test_amx_guard_in_symbols_and_hybridized_blocks(forced_class):

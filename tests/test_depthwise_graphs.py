@@ -24,7 +24,8 @@ from mxamp.dtypes import name_of
 from mxamp.lists import get_op_lists
 from mxamp.precision.device_plan import device_plan
 from mxamp.runtime import hooks
-from mxamp.runtime.depthwise_graphs import FLOAT32_GRAPH, STEER_BATCHNORM, STEER_SUFFIX
+from mxamp.runtime.depthwise_graphs import (FLOAT32_BATCHNORM_AT_GROUPS, FLOAT32_GRAPH,
+                                            STEER_BATCHNORM, STEER_SUFFIX)
 
 ROOT = __file__.rsplit("/tests/", 1)[0]
 
@@ -51,18 +52,22 @@ def timed_probe(monkeypatch, tmp_path):
 
 def test_each_request_gets_its_treatment_of_depthwise_graphs(timed_probe):
     """Checks decisions only (classes passed to device_plan; ``timed_probe`` forces 'native'
-    and the probe's timings): AMX steers BatchNorm; 'auto' keeps depthwise graphs in float32
-    where the probe's depthwise block measured bfloat16 slower; float32 plans need none."""
+    and the probe's timings): AMX steers BatchNorm; the classes without AMX compute BatchNorm
+    in float32 at grouped convolutions off 16-channel blocks; 'auto' keeps depthwise graphs
+    in float32 where the probe's depthwise block measured bfloat16 slower; float32 plans need
+    none."""
     lists = get_op_lists("bfloat16")
     assert device_plan("bfloat16", lists, "amx").depthwise_graphs == STEER_BATCHNORM
-    assert device_plan("bfloat16", lists, "native").depthwise_graphs == ""
+    for cls in ("native", "emulated"):
+        assert device_plan("bfloat16", lists, cls).depthwise_graphs == \
+            FLOAT32_BATCHNORM_AT_GROUPS, cls
     assert device_plan("bfloat16", lists, "none").depthwise_graphs == ""
     timed_probe(0.5)
     auto = device_plan("auto", lists, "native")
     assert auto.compute == "bfloat16" and auto.depthwise_graphs == FLOAT32_GRAPH, auto.describe()
     assert "depthwise" in auto.describe(), auto.describe()
     timed_probe(1.5)
-    assert device_plan("auto", lists, "native").depthwise_graphs == ""
+    assert device_plan("auto", lists, "native").depthwise_graphs == FLOAT32_BATCHNORM_AT_GROUPS
 
 
 def _mobile_block(seed=0, hybridize=True):

@@ -43,7 +43,8 @@ from mxamp.backend.probe import MIN_SPEEDUP, known_result, machine_probe, probe_
 from mxamp.errors import AmpArgumentError
 from mxamp.lists.bfloat16 import FP32_ON_EVERY_CPU
 from mxamp.lists.float16 import NO_CPU_KERNEL_WHY
-from mxamp.runtime.depthwise_graphs import FLOAT32_GRAPH, STEER_BATCHNORM
+from mxamp.runtime.depthwise_graphs import (FLOAT32_BATCHNORM_AT_GROUPS, FLOAT32_GRAPH,
+                                            STEER_BATCHNORM)
 
 
 @dataclass(frozen=True)
@@ -93,15 +94,17 @@ class DevicePlan:
         """One line for logs: the request, the device and what runs.
 
         >>> from mxamp.lists import get_op_lists
-        >>> device_plan('bfloat16', get_op_lists('bfloat16'), 'native').describe()
-        "target_dtype='bfloat16' on a CPU of class 'native': bfloat16 compute (AVX512-BF16)"
+        >>> print(device_plan('bfloat16', get_op_lists('bfloat16'), 'native').describe())
+        ... # doctest: +NORMALIZE_WHITESPACE
+        target_dtype='bfloat16' on a CPU of class 'native': bfloat16 compute (AVX512-BF16);
+        graphs with grouped or depthwise convolutions: float32 BatchNorm at grouped convolutions
         """
         where = "a GPU" if self.device == GPU else "a CPU of class %r" % self.device
         what = self.summary()
         if not self.low_precision:
             what = "float32 compute (%s)" % self.reason
         if self.depthwise_graphs:
-            what += "; graphs with depthwise convolutions: %s" % self.depthwise_graphs
+            what += "; graphs with grouped or depthwise convolutions: %s" % self.depthwise_graphs
         return "target_dtype=%r on %s: %s" % (self.requested, where, what)
 
 
@@ -191,8 +194,9 @@ def device_plan(requested, lists, device, float32_because=""):
 
 
 def _depthwise_treatment(requested, device, compute, measured):
-    """The treatment of depthwise graphs: float32 where 'auto' measured the depthwise block
-    slower in bfloat16, BatchNorm steering on AMX, else ''.
+    """The treatment of graphs with grouped convolutions: float32 where 'auto' measured the
+    depthwise block slower in bfloat16, BatchNorm steering on AMX, float32 BatchNorm at
+    grouped convolutions off 16-channel blocks without AMX, else ''.
 
     >>> _depthwise_treatment('bfloat16', 'amx', 'bfloat16', None)
     'steer BatchNorm'
@@ -202,7 +206,9 @@ def _depthwise_treatment(requested, device, compute, measured):
     depthwise = measured.depthwise_speedup if measured is not None else None
     if requested == dtypes.AUTO and depthwise is not None and depthwise < 1.0:
         return FLOAT32_GRAPH
-    return STEER_BATCHNORM if device == "amx" else ""
+    if device == "amx":
+        return STEER_BATCHNORM
+    return FLOAT32_BATCHNORM_AT_GROUPS if device in ("native", "emulated") else ""
 
 
 # --------------------------------------------------------------------------------- notices

@@ -36,7 +36,8 @@ from mxamp.backend import mxnet_private as mxp
 from mxamp.backend.graphs import op_names
 from mxamp.runtime.addto import addto_names, building_block
 from mxamp.runtime.casting import array_dtype, cast
-from mxamp.runtime.depthwise_graphs import (FLOAT32_GRAPH, STEER_BATCHNORM, TREATMENT_ATTR,
+from mxamp.runtime.depthwise_graphs import (FLOAT32_GRAPH, IMPERATIVE_TREATMENTS,
+                                            STEER_BATCHNORM, TREATMENT_ATTR,
                                             build_depthwise_graph, has_depthwise_layer,
                                             steered_input)
 from mxamp.runtime.patches import is_replaced, replace
@@ -141,7 +142,7 @@ def hook_block_graphs(depthwise_treatment=""):
 
     >>> hook_block_graphs()
     """
-    if depthwise_treatment:
+    if depthwise_treatment in IMPERATIVE_TREATMENTS:
         hook_imperative_depthwise()
     original = vars(HybridBlock)[mxp.BLOCK_CALL_METHOD]
     if is_replaced(HybridBlock, mxp.BLOCK_CALL_METHOD):
@@ -277,7 +278,7 @@ def _imperative_treatment(block, args):
     """The treatment of a block called without ``hybridize()``: its plan's, where it holds a
     depthwise convolution (remembered per AMP generation)."""
     treatment = _depthwise_treatment(block, args)
-    if not treatment:
+    if treatment not in IMPERATIVE_TREATMENTS:
         return ""
     known = block.__dict__.get(_DEPTHWISE_LAYER_ATTR)
     if known is None or known[0] != STATE.generation:
