@@ -45,6 +45,9 @@ WORKLOADS = {w.name: w for w in [
              "train", "mobilenetv3_large", (8, 3, 224, 224), 10, (2, 3, 64, 64)),
     Workload("se_resnet18_train", "GluonCV SE-ResNet-18 train, batch 16x3x112x112", "train",
              "se_resnet18_v1", (16, 3, 112, 112), 10, (2, 3, 64, 64)),
+    # Channel counts off 16-channel blocks (58, 116, 232) and channel shuffles.
+    Workload("shufflenet_v2_train", "GluonCV ShuffleNet V2 train, batch 8x3x112x112", "train",
+             "shufflenet_v2", (8, 3, 112, 112), 10, (2, 3, 64, 64)),
     # Grouped convolutions of 4 to 32 channels per group.
     Workload("resnext50_train", "GluonCV ResNeXt-50 32x4d train, batch 8x3x112x112", "train",
              "resnext50_32x4d", (8, 3, 112, 112), 10, (2, 3, 64, 64)),
@@ -102,7 +105,7 @@ def _transformer_block():
 
 
 #: Classification models built from GluonCV's model zoo rather than MXNet's.
-GLUONCV_MODELS = ("mobilenetv3_large", "se_resnet18_v1", "resnext50_32x4d")
+GLUONCV_MODELS = ("mobilenetv3_large", "se_resnet18_v1", "resnext50_32x4d", "shufflenet_v2")
 
 
 def build_model(workload):

@@ -11,7 +11,8 @@
 # block's backward segments, MobileNet's BatchNorm steering, bench_bn_steering.py's variants),
 # then cpu_class-*.log (the
 # cpu_class tests with AMX off and under each ISA cap, three at once on 4 cores each) and,
-# beside them on cores 0-3, probe-backward.txt (ci/probe_bf16_kernels.py --backward).
+# beside them on cores 0-3, probe-backward.txt (ci/probe_bf16_kernels.py --backward),
+# probe-speed.txt and channel-blocks-verbose.txt (the kernels of tests/test_channel_blocks.py).
 # Timings share the machine with the suite: read ratios within one file, to about +-15%.
 set -u
 export PYTHONUNBUFFERED=1
@@ -72,7 +73,17 @@ wait $suite
   timeout 60 taskset -c ${MEASURE_CPUS:-0-3} $PY ci/probe_bf16_speed.py --ops \
     _plus_scalar,_mul_scalar,clip,relu,sigmoid,elemwise_mul,broadcast_mul,broadcast_add,Activation,LeakyReLU,Pooling,elemwise_add,Flatten \
     --out "$OUT/probe-speed.txt" > /dev/null 2>&1
-  echo "probe-speed rc=$?: $(head -1 "$OUT/probe-speed.txt" 2>/dev/null)" ) &
+  echo "probe-speed rc=$?: $(head -1 "$OUT/probe-speed.txt" 2>/dev/null)"
+  # the 16-channel-block cases (tests/test_channel_blocks.py skips them on 'amx'): which
+  # convolution and BatchNorm kernels AMX trains them on, raw and under AMP
+  for script in GRID_SCRIPT "GROUPED_SCRIPT fp32" "GROUPED_SCRIPT amp"; do
+    set -- $script
+    $PY -c "import sys; sys.path.insert(0, 'tests'); import test_channel_blocks as t; print(t.$1)" \
+      > "$OUT/channel-blocks.py"
+    echo "# $script"
+    DNNL_VERBOSE=1 timeout 60 taskset -c ${MEASURE_CPUS:-0-3} $PY "$OUT/channel-blocks.py" $2 2>&1 |
+      grep -E "^(RAW|AMP|INFERENCE|DTYPES)|exec,cpu,(convolution|batch_normalization)" | cut -d, -f4-7,9-
+  done > "$OUT/channel-blocks-verbose.txt" 2>&1 ) &
 c=4
 for s in MXAMP_AMX=0 DNNL_MAX_CPU_ISA=AVX512_CORE DNNL_MAX_CPU_ISA=AVX2; do
   { echo "$head"; echo "# $s OMP_NUM_THREADS=1 taskset -c $c-$((c+3)) pytest -n 4 -m cpu_class tests"

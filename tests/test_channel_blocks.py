@@ -20,7 +20,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from bf16_expect import BF16_KERNELS, where
+from bf16_expect import BF16_KERNELS, CPU_CLASS, where
 from mxamp import amp
 from mxamp.dtypes import BFLOAT16
 
@@ -86,6 +86,9 @@ def test_convolutions_off_16_channel_blocks_compute_in_float32():
     ``amp.init('bfloat16')`` the 24-channel pair computes in float32 on neither of those
     kernels when trained, and the 32-channel pair stays in bfloat16. A graph built for
     inference keeps the 24-channel convolution in bfloat16."""
+    if CPU_CLASS == "amx":
+        pytest.skip("the rule is for the classes without AMX: on 'amx' oneDNN's brgconv "
+                    "kernels take any channel count (not measured); ci/device_amx.sh records it")
     run = subprocess.run([sys.executable, "-c", GRID_SCRIPT], capture_output=True,
                          text=True, timeout=300, env=dict(os.environ, DNNL_VERBOSE="1"))
     assert run.returncode == 0, run.stderr[-2000:]
@@ -198,6 +201,9 @@ def test_batchnorm_at_grouped_convolutions_leaves_the_reference_kernel():
     convolution on ``bnorm_ref`` (a layout of 4-channel blocks no jit kernel takes). Under
     ``amp.init('bfloat16')`` on a class with bfloat16 kernels, those BatchNorms compute in
     float32 off the reference kernel, and the last one in bfloat16."""
+    if CPU_CLASS == "amx":
+        pytest.skip("on 'amx' mxamp steers these BatchNorms instead (tests/test_depthwise_graphs"
+                    ".py); the grouped case is not measured there")
     if not BF16_KERNELS:             # class none: AMP computes in float32, nothing to treat
         assert {dtype for _, dtype in _batchnorm_kernels("amp")} == {"f32"}
         return
