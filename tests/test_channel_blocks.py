@@ -215,3 +215,40 @@ def test_batchnorm_at_grouped_convolutions_leaves_the_reference_kernel():
     assert not any(impl.startswith("bnorm_ref") for impl, _ in under_amp), under_amp
     assert [dtype for _, dtype in under_amp].count("f32") == 4, under_amp   # 2 fwd + 2 bwd
     assert [dtype for _, dtype in under_amp].count("bf16") == 2, under_amp
+
+
+@pytest.mark.cpu_class
+@pytest.mark.parametrize("o2", [False, True], ids=["amp_init", "cast_model"])
+def test_batchnorm_at_grouped_convolutions_in_graphs(o2):
+    """The graph a hybridized ResNeXt bottleneck trains: under ``amp.init`` and under O2's
+    ``cast_model`` (whose data reaches the graph in bfloat16), the two BatchNorms next to the
+    grouped convolution sit between casts to float32 and back, on the classes without AMX; the
+    last BatchNorm and, on 'none', every one, have none."""
+    from mxnet import autograd
+    from mxnet.gluon import nn
+    mx.random.seed(0)
+    net = nn.HybridSequential()
+    net.add(nn.Conv2D(64, 1, in_channels=64, use_bias=False), nn.BatchNorm(in_channels=64),
+            nn.Activation("relu"),
+            nn.Conv2D(64, 3, padding=1, groups=16, in_channels=64, use_bias=False),
+            nn.BatchNorm(in_channels=64), nn.Activation("relu"),
+            nn.Conv2D(64, 1, in_channels=64, use_bias=False), nn.BatchNorm(in_channels=64))
+    net.initialize()
+    amp.init("bfloat16")
+    try:
+        if o2:
+            net = amp.cast_model(net, "bfloat16")
+        net.hybridize()
+        with autograd.record():
+            y = net(mx.nd.random.uniform(shape=(2, 64, 14, 14)))
+        y.backward()
+        nodes = json.loads(net._cached_graph[1].tojson(remove_amp_cast=False))["nodes"]
+    finally:
+        amp.reset()
+    casts = sorted(n["name"] for n in nodes if n["op"] in ("BatchNorm", "amp_cast")
+                   and n["name"].startswith("batchnorm"))
+    treated = CPU_CLASS in ("native", "emulated")
+    bn = sorted(n["name"] for n in nodes if n["op"] == "BatchNorm")
+    expected = [b + suffix for b in bn[:2] for suffix in ("", "_bfloat16", "_float32")] + \
+        [bn[2]] if treated else bn
+    assert casts == sorted(expected), (casts, where())

@@ -151,10 +151,19 @@ def _batchnorms_at(nodes, convolutions):
 def _in_dtype(graph, batchnorms, input_dtypes):
     """The BatchNorms of ``batchnorms`` whose data is ``low``-precision by MXNet's type
     inference, with ``input_dtypes`` for the graph's data inputs ({} if it fails)."""
-    probe = dict(graph, heads=[graph["nodes"][i]["inputs"][0] for i in sorted(batchnorms)])
+    nodes = []
+    for node in graph["nodes"]:    # dtypes as variable attributes: infer_type drops bfloat16
+        name = dtypes.name_of(input_dtypes[node["name"]]) \
+            if node["op"] == "null" and node["name"] in input_dtypes else None
+        if name in dtypes.TYPE_FLAGS:
+            node = dict(node, attrs=dict(node.get("attrs", {}),
+                                         __dtype__=str(dtypes.TYPE_FLAGS[name])))
+        nodes.append(node)
+    probe = dict(graph, nodes=nodes,
+                 heads=[graph["nodes"][i]["inputs"][0] for i in sorted(batchnorms)])
     probe.pop("node_row_ptr", None)
     try:
-        _, types, _ = mx.sym.load_json(json.dumps(probe)).infer_type_partial(**input_dtypes)
+        _, types, _ = mx.sym.load_json(json.dumps(probe)).infer_type_partial()
     except mx.base.MXNetError:
         return {}
     return {i: dtypes.name_of(t) if t is not None else None
