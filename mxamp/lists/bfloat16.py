@@ -330,9 +330,9 @@ _DW_NOT_16 = ((("depthwise", ("True",)), ("in_channels", ("!%16",))), False, R_D
 R_CONV_NOT_16 = ("oneDNN 2.4's bfloat16 convolutions take channels in blocks of 16; off them "
                  "(a stem too) they train on gemm:jit in plain layout, and the BatchNorm after "
                  "them on ncsp_bnorm, 3-4x float32 (ShuffleNet V2, MobileNet V2 on a Zen 4)")
-_NOT_GROUPED = (("training", ("True",)), ("conv_kind", ("stem", "pointwise", "dense")))
-_CONV_NOT_16 = ((_NOT_GROUPED + (("in_channels", ("!%16",)),), False, R_CONV_NOT_16),
-                (_NOT_GROUPED + (("num_filter", ("!%16",)),), False, R_CONV_NOT_16))
+_TRAINING_DENSE = (("training", ("True",)), ("conv_kind", ("stem", "pointwise", "dense")))
+_CONV_NOT_16 = ((_TRAINING_DENSE + (("in_channels", ("!%16",)),), False, R_CONV_NOT_16),
+                (_TRAINING_DENSE + (("num_filter", ("!%16",)),), False, R_CONV_NOT_16))
 _CONVOLUTIONS = ("Convolution", "_npx_convolution", "_sg_mkldnn_conv")
 FP32_WHEN_BY_CPU_CLASS = {
     "amx": {op: (_AMX_HEAP_SHAPES, _DW_NOT_16) for op in _CONVOLUTIONS},

@@ -148,9 +148,10 @@ def _batchnorms_at(nodes, convolutions):
     return found
 
 
-def _in_dtype(graph, batchnorms, input_dtypes):
-    """The BatchNorms of ``batchnorms`` whose data is ``low``-precision by MXNet's type
-    inference, with ``input_dtypes`` for the graph's data inputs ({} if it fails)."""
+def _data_dtypes(graph, batchnorms, input_dtypes):
+    """{index: dtype name, or None} of each BatchNorm in ``batchnorms``: its data's dtype by
+    MXNet's type inference, given ``input_dtypes`` for the graph's data inputs ({} if the
+    inference fails)."""
     nodes = []
     for node in graph["nodes"]:    # dtypes as variable attributes: infer_type drops bfloat16
         name = dtypes.name_of(input_dtypes[node["name"]]) \
@@ -186,8 +187,8 @@ def float32_batchnorm_at_groups(sym, input_dtypes=None, low="bfloat16"):
     graph = json.loads(sym.tojson(remove_amp_cast=False))
     treated = _batchnorms_at(graph["nodes"], _off_grid_groups(graph["nodes"]))
     if treated and input_dtypes is not None:
-        dtypes = _in_dtype(graph, treated, input_dtypes)
-        treated = {i for i in treated if dtypes.get(i) == low}
+        found = _data_dtypes(graph, treated, input_dtypes)
+        treated = {i for i in treated if found.get(i) == low}
     if not treated:
         return sym
     nodes, new_id, cast_after = [], {}, {}
