@@ -304,6 +304,25 @@ class KVStoreView(_View):
         self.obj._barrier()
 
 
+def flat_block_inputs(args):
+    """A block call's inputs, nested lists flattened and None left out, in the order Gluon
+    names its graph's input variables (``data``, or ``data0``, ``data1``, ...).
+
+    >>> flat_block_inputs((1, [2, None, (3,)]))
+    [1, 2, 3]
+    """
+    flat = []
+
+    def walk(value):
+        if isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+        elif value is not None:
+            flat.append(value)
+    walk(args)
+    return flat
+
+
 class BlockView(_View):
     """The private state of a (Hybrid)Block: its children, parameters and cached graph."""
 

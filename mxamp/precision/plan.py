@@ -69,19 +69,21 @@ def amp_enabled():
 
 
 def first_holding(conditions, params, data_shape, training=None):
-    """The first of ``conditions`` that holds for a call's ``params``, or None;
-    ``data_shape()`` and ``training()`` are asked only if a condition needs them.
+    """The first of ``conditions`` that holds for a call's ``params``, or None; ``data_shape()``
+    and ``training()`` are asked once, and only if a condition needs them.
 
     >>> from mxamp.lists.conditions import Condition
     >>> rule = Condition((('kernel', ['(7, 7)']),))
     >>> first_holding([rule], {'kernel': (7, 7)}, lambda: None) is rule
     True
     """
-    shape = None
+    shape = recording = None
     for cond in conditions:
         if shape is None and cond.needs_shapes():
             shape = data_shape() or ()
-        if cond.holds(params, shape, training() if training and cond.names_training() else None):
+        if recording is None and training and cond.names_training():
+            recording = (training(),)
+        if cond.holds(params, shape, recording[0] if recording else None):
             return cond
     return None
 
@@ -89,9 +91,8 @@ def first_holding(conditions, params, data_shape, training=None):
 def decide(rule, params, on_cpu, data_shape, training=None):
     """The precision of one call: ``('to', dtype)``, ``('widest', None)`` or ``('none', None)``.
 
-    ``on_cpu()`` says where it runs, ``data_shape()`` the shape of its data input and
-    ``training()`` whether it is recorded for training (None: unknown); each is asked only when
-    the rule needs it (this runs at every operator call).
+    ``on_cpu()``, ``data_shape()`` and ``training()`` (where it runs, its data's shape, recorded
+    for training; None: unknown) are asked only when needed: this runs at every operator call.
 
     >>> decide(OpRule('low_precision', 'bfloat16', 'FullyConnected'), {}, lambda: True, tuple)
     ('to', 'bfloat16')
@@ -104,14 +105,13 @@ def decide(rule, params, on_cpu, data_shape, training=None):
         # amp.disabled(): nothing is put into low precision. Dtype-neutral ops (optimizer
         # updates writing `out=`, explicit casts...) are left exactly as without AMP.
         return ("none", None) if cat == "neutral" else ("to", "float32")
-    if rule.cpu_conditions and on_cpu() and first_holding(rule.cpu_conditions, params,
-                                                          data_shape, training):
+    if rule.cpu_conditions and on_cpu() and first_holding(rule.cpu_conditions, params, data_shape,
+                                                          training):
         # a shape this CPU class must not (or should not) run in low precision
         return "to", "float32"
     if cat == "conditional_fp32":
         # float32 where a condition holds; the op's own list elsewhere
-        cat = "fp32" if first_holding(rule.conditions, params, data_shape, training) \
-            else rule.base
+        cat = "fp32" if first_holding(rule.conditions, params, data_shape, training) else rule.base
     if cat == "low_precision":
         return "to", rule.target
     if cat == "fp32":

@@ -91,21 +91,47 @@ def steered_input(data):
 
 def steer_batchnorm(sym):
     """``sym`` with a Reshape to the same shape (``shape=(-2,)``) before each BatchNorm's data."""
-    graph = json.loads(sym.tojson(remove_amp_cast=False))
-    nodes, new_id = [], {}
+    def reshape(_, node):
+        if node["op"] == "BatchNorm":
+            return "Reshape", node["name"] + STEER_SUFFIX, {"shape": "(-2,)"}
+        return None
+    return _with_nodes_around(sym, before=reshape)
+
+
+def _with_nodes_around(sym, before=None, after=None, graph=None):
+    """``sym`` with a node inserted before the data input of each node ``before(index, node)``
+    names one for, and after the first output of each node ``after(index, node)`` names one
+    for (``(op, name, attrs)``, or None); that output's consumers then read the new node.
+    ``graph`` is ``sym``'s parsed JSON where the caller has it already."""
+    graph = graph or json.loads(sym.tojson(remove_amp_cast=False))
+    nodes, new_id, read_after = [], {}, {}
 
     def entry(e):
+        if e[0] in read_after and e[1] == 0:
+            return [read_after[e[0]], 0, 0]
         return [new_id[e[0]]] + list(e[1:])
+
+    def added(spec, source):
+        op, name, attrs = spec
+        nodes.append({"op": op, "name": name, "attrs": attrs, "inputs": [source]})
+        return len(nodes) - 1
 
     for old_id, node in enumerate(graph["nodes"]):
         node = dict(node, inputs=[entry(e) for e in node["inputs"]])
-        if node["op"] == "BatchNorm":
-            nodes.append({"op": "Reshape", "name": node["name"] + STEER_SUFFIX,
-                          "attrs": {"shape": "(-2,)"}, "inputs": [node["inputs"][0]]})
-            node["inputs"][0] = [len(nodes) - 1, 0, 0]
+        spec = before(old_id, node) if before else None
+        if spec:
+            node["inputs"][0] = [added(spec, node["inputs"][0]), 0, 0]
         new_id[old_id] = len(nodes)
         nodes.append(node)
-    return _rebuilt(sym, graph, nodes, entry)
+        spec = after(old_id, node) if after else None
+        if spec:
+            read_after[old_id] = added(spec, [new_id[old_id], 0, 0])
+    graph["nodes"] = nodes
+    graph["arg_nodes"] = [i for i, n in enumerate(nodes) if n["op"] == "null"]
+    graph["heads"] = [entry(h) for h in graph["heads"]]
+    graph.pop("node_row_ptr", None)
+    rebuilt = mx.sym.load_json(json.dumps(graph))
+    return rebuilt.as_np_ndarray() if isinstance(sym, mxp.NumpySymbol) else rebuilt
 
 
 def _off_grid_groups(nodes):
@@ -191,36 +217,11 @@ def float32_batchnorm_at_groups(sym, input_dtypes=None, low="bfloat16"):
         treated = {i for i in treated if found.get(i) == low}
     if not treated:
         return sym
-    nodes, new_id, cast_after = [], {}, {}
 
-    def entry(e):
-        if e[0] in cast_after and e[1] == 0:
-            return [cast_after[e[0]], 0, 0]
-        return [new_id[e[0]]] + list(e[1:])
-
-    for old_id, node in enumerate(graph["nodes"]):
-        node = dict(node, inputs=[entry(e) for e in node["inputs"]])
-        if old_id in treated:
-            nodes.append({"op": "amp_cast", "name": node["name"] + "_float32",
-                          "attrs": {"dtype": "float32"}, "inputs": [node["inputs"][0]]})
-            node["inputs"][0] = [len(nodes) - 1, 0, 0]
-        new_id[old_id] = len(nodes)
-        nodes.append(node)
-        if old_id in treated:
-            nodes.append({"op": "amp_cast", "name": node["name"] + "_" + low,
-                          "attrs": {"dtype": low}, "inputs": [[new_id[old_id], 0, 0]]})
-            cast_after[old_id] = len(nodes) - 1
-    return _rebuilt(sym, graph, nodes, entry)
-
-
-def _rebuilt(sym, graph, nodes, entry):
-    """The Symbol of ``graph`` with ``nodes``, its heads mapped by ``entry``."""
-    graph["nodes"] = nodes
-    graph["arg_nodes"] = [i for i, n in enumerate(nodes) if n["op"] == "null"]
-    graph["heads"] = [entry(h) for h in graph["heads"]]
-    graph.pop("node_row_ptr", None)
-    rebuilt = mx.sym.load_json(json.dumps(graph))
-    return rebuilt.as_np_ndarray() if isinstance(sym, mxp.NumpySymbol) else rebuilt
+    def cast(dtype):
+        return lambda i, node: (("amp_cast", node["name"] + "_" + dtype, {"dtype": dtype})
+                                if i in treated else None)
+    return _with_nodes_around(sym, before=cast("float32"), after=cast(low), graph=graph)
 
 
 def build_depthwise_graph(block, args, treatment):
@@ -235,8 +236,8 @@ def build_depthwise_graph(block, args, treatment):
     if treatment == STEER_BATCHNORM:
         view.cached_graph = (inputs, steer_batchnorm(out))
     elif treatment == FLOAT32_BATCHNORM_AT_GROUPS:
-        arrays = [a for a in args if isinstance(a, mx.nd.NDArray)]
-        known = {i.name: a.dtype for i, a in zip(inputs, arrays)}
+        known = {i.name: a.dtype for i, a in zip(inputs, mxp.flat_block_inputs(args))
+                 if isinstance(a, mx.nd.NDArray)}
         view.cached_graph = (inputs, float32_batchnorm_at_groups(out, known))
     elif treatment == FLOAT32_GRAPH:
         view.cached_graph = ()

@@ -354,16 +354,7 @@ def graph_input_shapes(args):
     >>> graph_input_shapes((mx.nd.ones((2, 3)),))
     {'data': (2, 3)}
     """
-    flat = []
-
-    def walk(value):
-        if isinstance(value, (list, tuple)):
-            for item in value:
-                walk(item)
-        elif value is not None:
-            flat.append(value)
-    walk(args)
-    shapes = [getattr(a, "shape", None) for a in flat]
+    shapes = [getattr(a, "shape", None) for a in mxp.flat_block_inputs(args)]
     if len(shapes) == 1:
         return {"data": shapes[0]} if shapes[0] else {}
     return {"data%d" % i: s for i, s in enumerate(shapes) if s}
