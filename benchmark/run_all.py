@@ -33,7 +33,7 @@ INIT_MODES = ("reference", "mxamp")
 # (timed steps, warmup steps) per workload at full size; --quick uses (2, 1).
 STEPS = {"mlp_train": (10, 3), "resnet18_train": (10, 3), "resnet50_train": (3, 1),
          "mobilenet_train": (5, 2), "yolo3_train": (5, 2), "mobilenetv3_train": (4, 2),
-         "se_resnet18_train": (4, 2),
+         "se_resnet18_train": (4, 2), "shufflenet_v2_train": (4, 2), "resnext50_train": (3, 2),
          "transformer_train": (5, 2), "resnet18_infer": (10, 3), "resnet50_infer": (6, 2)}
 #: The memory account's fields (benchmark/memory_account.py), medians over the repeats.
 ACCOUNT_KEYS = ("params_mb", "grads_mb", "optimizer_mb", "workspace_mb", "graph_mb",
@@ -41,11 +41,12 @@ ACCOUNT_KEYS = ("params_mb", "grads_mb", "optimizer_mb", "workspace_mb", "graph_
 OVERFLOW_SCRIPT = os.path.join(HERE, "bench_overflow.py")
 
 
-def plan(only, modes):
-    """``[(workload, modes)]`` in suite order, filtered by --only / --modes."""
+def plan(only, modes, suite="main"):
+    """``[(workload, modes)]`` in suite order, filtered by --only / --modes; ``suite`` picks
+    the rows run without --only ('main', or 'survey': the GluonCV survey of workloads.py)."""
     rows = [(name, TRAIN_MODES if w.kind == "train" else INFER_MODES)
-            for name, w in WORKLOADS.items()]
-    rows += [("amp_init", INIT_MODES), ("amp_init_fp16", INIT_MODES)]
+            for name, w in WORKLOADS.items() if only or w.suite == suite]
+    rows += [] if suite == "survey" else [("amp_init", INIT_MODES), ("amp_init_fp16", INIT_MODES)]
     if only:
         unknown = set(only) - {name for name, _ in rows} - {"overflow"}
         if unknown:
@@ -98,7 +99,7 @@ def run_child(cmd, timeout):
 
 
 def run_suite(args):
-    rows = plan(args.only, args.modes)
+    rows = plan(args.only, args.modes, "survey" if args.survey else "main")
     runs = []  # every child's RESULT dict
     for name, modes in rows:
         turns = tuple(m for m in modes if m != AS_TUNED)   # it follows mxamp_tuned, or no one
@@ -111,14 +112,15 @@ def run_suite(args):
                     policy_file = os.path.join(args.out, "policy-%s-%d.json" % (name, repeat))
                 for each in (mode, AS_TUNED) if policy_file else (mode,):
                     runs.append(_run_mode(args, name, each, repeat, policy_file))
-    if not args.only or "overflow" in args.only:
+    if (not args.only and not args.survey) or "overflow" in (args.only or ()):
         runs.extend(run_overflow(args))
     return runs
 
 
 def _run_mode(args, name, mode, repeat, policy_file=None):
     """One measurement process of ``name`` in ``mode``, printed as it ends."""
-    steps, warmup = (1, 1) if args.quick else STEPS.get(name, (1, 0))
+    survey = WORKLOADS[name].suite == "survey" if name in WORKLOADS else False
+    steps, warmup = (1, 1) if args.quick else STEPS.get(name, (4, 2) if survey else (1, 0))
     cmd = [sys.executable, os.path.join(HERE, "bench_worker.py"), name, mode,
            "--steps", str(steps), "--warmup", str(warmup)]
     cmd += ["--quick"] if args.quick else []
@@ -266,7 +268,9 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=None, help="processes per cell (3)")
     parser.add_argument("--only", type=lambda s: s.split(","), default=None,
                         help="comma-separated workloads (%s, amp_init, amp_init_fp16, overflow)"
-                        % ", ".join(WORKLOADS))
+                        % ", ".join(n for n, w in WORKLOADS.items() if w.suite == "main"))
+    parser.add_argument("--survey", action="store_true",
+                        help="run the GluonCV survey's rows (workloads.py) instead of the main ones")
     parser.add_argument("--modes", type=lambda s: s.split(","), default=None,
                         help="comma-separated modes (%s)" % ", ".join(TRAIN_MODES))
     parser.add_argument("--timeout", type=int, default=None,

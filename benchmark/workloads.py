@@ -21,6 +21,7 @@ class Workload:
     data_shape: Tuple[int, ...]
     classes: int
     quick_shape: Tuple[int, ...]  # the --quick batch: same model, tiny batch
+    suite: str = "main"  # 'main': run_all's default rows; 'survey': run_all --survey
 
 
 #: The amp.init timings (no model): workload name -> target_dtype of the timed first init.
@@ -58,6 +59,27 @@ WORKLOADS = {w.name: w for w in [
     Workload("resnet50_infer", "ResNet-50 converted inference, batch 8x3x224x224", "infer",
              "resnet50_v1", (8, 3, 224, 224), 1000, (1, 3, 64, 64)),
 ]}
+
+# The GluonCV survey (``run_all.py --survey``): classifiers beside the main rows, trained one
+# step at a time at 112 px, to find where bfloat16 training is slower than float32. These train
+# at 112 px in float32 too; SqueezeNet, DenseNet, GoogLeNet, DLA-34, Inception V3, HRNet and
+# ResidualAttentionNet need larger inputs, and NASNet fails in oneDNN (float32 as well).
+_SURVEY = (
+    # (model, batch, what it has that the main rows lack)
+    ("mobilenetv3_small", 8, "5x5 depthwise convolutions, hard-swish, SE gates on 16-96 channels"),
+    ("mobilenetv2_1.0", 8, "inverted residuals with 24- and 144-channel pointwise convolutions"),
+    ("shufflenet_v1", 8, "grouped 1x1 convolutions of 3 groups and channel shuffles"),
+    ("se_resnext50_32x4d", 4, "grouped convolutions of 4 channels per group with SE gates"),
+    ("xception", 2, "separable convolutions"),
+    ("resnest14", 8, "split attention: grouped convolutions and softmax over radix"),
+    ("darknet53", 8, "LeakyReLU after every BatchNorm"),
+    ("vgg11_bn", 8, "large dense layers after BatchNorm'd convolutions"),
+)
+WORKLOADS.update((w.name, w) for w in (
+    Workload("survey_%s" % model.replace(".", "_"),
+             "GluonCV %s train, batch %dx3x112x112: %s" % (model, batch, what), "train",
+             model, (batch, 3, 112, 112), 10, (2, 3, 64, 64), suite="survey")
+    for model, batch, what in _SURVEY))
 
 
 def _mlp(classes):
@@ -114,7 +136,7 @@ def build_model(workload):
         return _mlp(workload.classes)
     if workload.model == "transformer":
         return _transformer_block()
-    if workload.model in GLUONCV_MODELS:
+    if workload.model in GLUONCV_MODELS or workload.suite == "survey":
         from gluoncv.model_zoo import get_model
         return get_model(workload.model, pretrained=False, classes=workload.classes)
     from mxnet.gluon.model_zoo import vision

@@ -12,7 +12,8 @@
 # then cpu_class-*.log (the
 # cpu_class tests with AMX off and under each ISA cap, three at once on 4 cores each) and,
 # beside them on cores 0-3, probe-backward.txt (ci/probe_bf16_kernels.py --backward),
-# probe-speed.txt and channel-blocks-verbose.txt (the kernels of tests/test_channel_blocks.py).
+# probe-speed.txt, channel-blocks-verbose.txt (the kernels of tests/test_channel_blocks.py) and
+# se-pooling-verbose.txt (those of tests/test_pooling_graphs.py).
 # Timings share the machine with the suite: read ratios within one file, to about +-15%.
 set -u
 export PYTHONUNBUFFERED=1
@@ -83,7 +84,14 @@ wait $suite
     echo "# $script"
     DNNL_VERBOSE=1 timeout 60 taskset -c ${MEASURE_CPUS:-0-3} $PY "$OUT/channel-blocks.py" $2 2>&1 |
       grep -E "^(RAW|AMP|INFERENCE|DTYPES)|exec,cpu,(convolution|batch_normalization)" | cut -d, -f4-7,9-
-  done > "$OUT/channel-blocks-verbose.txt" 2>&1 ) &
+  done > "$OUT/channel-blocks-verbose.txt" 2>&1
+  # the SE gate's global pooling (tests/test_pooling_graphs.py skips it on 'amx', where the
+  # treatment is off): does AMX train its backward on oneDNN's reference kernel too?
+  $PY -c "import sys; sys.path.insert(0, 'tests'); import test_pooling_graphs as t; print(t.SE_SCRIPT)" \
+    > "$OUT/se-pooling.py"
+  DNNL_VERBOSE=1 timeout 60 taskset -c ${MEASURE_CPUS:-0-3} $PY "$OUT/se-pooling.py" 2>&1 |
+    grep -E "^(RAW|AMP|DTYPE)|exec,cpu,(pooling|batch_normalization)" | cut -d, -f4-7,9- \
+    > "$OUT/se-pooling-verbose.txt" 2>&1 ) &
 c=4
 for s in MXAMP_AMX=0 DNNL_MAX_CPU_ISA=AVX512_CORE DNNL_MAX_CPU_ISA=AVX2; do
   { echo "$head"; echo "# $s OMP_NUM_THREADS=1 taskset -c $c-$((c+3)) pytest -n 4 -m cpu_class tests"

@@ -20,6 +20,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
+from trained_graphs import trained_graph_nodes
 from bf16_expect import BF16_KERNELS, CPU_CLASS, where
 from mxamp import amp
 from mxamp.dtypes import BFLOAT16
@@ -224,7 +225,6 @@ def test_batchnorm_at_grouped_convolutions_in_graphs(o2):
     ``cast_model`` (whose data reaches the graph in bfloat16), the two BatchNorms next to the
     grouped convolution sit between casts to float32 and back, on the classes without AMX; the
     last BatchNorm and, on 'none', every one, have none."""
-    from mxnet import autograd
     from mxnet.gluon import nn
     mx.random.seed(0)
     net = nn.HybridSequential()
@@ -234,17 +234,7 @@ def test_batchnorm_at_grouped_convolutions_in_graphs(o2):
             nn.BatchNorm(in_channels=64), nn.Activation("relu"),
             nn.Conv2D(64, 1, in_channels=64, use_bias=False), nn.BatchNorm(in_channels=64))
     net.initialize()
-    amp.init("bfloat16")
-    try:
-        if o2:
-            net = amp.cast_model(net, "bfloat16")
-        net.hybridize()
-        with autograd.record():
-            y = net(mx.nd.random.uniform(shape=(2, 64, 14, 14)))
-        y.backward()
-        nodes = json.loads(net._cached_graph[1].tojson(remove_amp_cast=False))["nodes"]
-    finally:
-        amp.reset()
+    nodes = trained_graph_nodes(net, (2, 64, 14, 14), o2)
     casts = sorted(n["name"] for n in nodes if n["op"] in ("BatchNorm", "amp_cast")
                    and n["name"].startswith("batchnorm"))
     treated = CPU_CLASS in ("native", "emulated")

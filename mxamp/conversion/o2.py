@@ -15,7 +15,7 @@ normalisation layers and the layers the user excludes, which keep float32 parame
 * The model's outputs come back in float32 (``output_dtype=None`` keeps the target dtype).
 * Layers whose shapes a CPU class must not run in low precision (on ``amx``, the 1x1
   convolutions that corrupt the heap: :mod:`mxamp.lists.bfloat16`) compute in float32 on
-  those calls; graphs with depthwise convolutions follow :mod:`mxamp.runtime.depthwise_graphs`.
+  those calls; graphs get the plan's treatments (:func:`~mxamp.runtime.hooks.leave_graph_treatments`).
 
 What runs depends on the device (:mod:`mxamp.precision.device_plan`). On a CPU without bfloat16
 kernels (class 'none'), ``cast_model(net, 'bfloat16')`` keeps bfloat16 *storage* with float32
@@ -23,8 +23,8 @@ kernels (class 'none'), ``cast_model(net, 'bfloat16')`` keeps bfloat16 *storage*
 2.8x float32's time on an AVX2 EPYC) and can hold more memory (the benchmark's MLP: 1.13x under
 ``DNNL_MAX_CPU_ISA=AVX2``, as autograd keeps each float32 weight copy). One warning says so.
 ``'auto'``: float16 on a GPU, bfloat16 where it pays, else float32 (logged). Where the model
-computes bfloat16 or has blocks that are not hybrid, ``amp.cast_model`` puts ``amp.init`` in
-force. Train with ``amp.init_trainer`` (float32 masters, float16 loss scaling), ``scale_loss``.
+computes bfloat16 or has blocks that are not hybrid, ``amp.cast_model`` puts ``amp.init`` in force;
+train with ``amp.init_trainer`` (float32 masters, float16 loss scaling) and ``scale_loss``.
 
 >>> import mxnet as mx
 >>> net = mx.gluon.nn.HybridSequential()
@@ -47,7 +47,8 @@ from mxamp import dtypes
 from mxamp.precision import plan
 from mxamp.runtime.casting import cast
 from mxamp.runtime.depthwise_graphs import FLOAT32_GRAPH, TREATMENT_ATTR
-from mxamp.runtime.hooks import building_input_shapes, fix_astype, hook_block_graphs
+from mxamp.runtime.hooks import (building_input_shapes, fix_astype, hook_block_graphs,
+                                 leave_graph_treatments)
 from mxamp.errors import AmpArgumentError, as_input_tuple
 from mxamp.lists.float16 import NO_CPU_KERNEL, NO_CPU_KERNEL_WHY
 from mxamp.backend.graphs import symbol_data_shape
@@ -281,17 +282,16 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
         Called with the target where no ``amp.init`` is in force and the model computes bfloat16
         or has blocks it cannot wrap (``amp.cast_model`` passes ``amp.init``); else a warning.
 
-    Raises ``TypeError`` for a non-Block or a bad ``exclude`` entry, ``ValueError`` for a bad
-    dtype or an exclude name matching no layer, and ``RuntimeError`` for a model cast twice,
-    uninitialised parameters, or float16 on a CPU (no float16 GEMM/convolution kernels).
+    Raises ``TypeError`` for a non-Block or a bad ``exclude`` entry, ``ValueError`` for a bad dtype
+    or an exclude name matching no layer, and ``RuntimeError`` for a model cast twice, for
+    uninitialised parameters, or for float16 on a CPU (no float16 GEMM/convolution kernels).
 
     >>> net = mx.gluon.nn.Dense(3, in_units=4)
     >>> net.initialize()
     >>> cast_model(net, 'bfloat16').weight.dtype == dtypes.BFLOAT16
     True
     """
-    requested, output_dtype, exclude = _checked_arguments(block, target_dtype, output_dtype,
-                                                          exclude)
+    requested, output_dtype, exclude = _checked_arguments(block, target_dtype, output_dtype, exclude)
     excluded = _excluded_blocks(block, exclude)
     _finish_init(block, example_inputs)
     amp_plan = plan.make(requested, [device_of(block_context(block))])
@@ -305,7 +305,7 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
     low, islands = _plan(block, target, excluded)
     _check_device(block, target, low)
     amp_plan.announce(stacklevel=4)  # from here: stacklevel counts frames up to the user's call
-    block.__dict__[TREATMENT_ATTR] = here.depthwise_graphs  # for the block hook (depthwise_graphs)
+    leave_graph_treatments(block, here)   # the block hook applies them to its graphs
     compute = target if here.low_precision else "float32"
     opaque = _cast_low_precision_blocks(low, target, compute, here.fp32_when)
     _install_casts(block, islands, compute, output_dtype)

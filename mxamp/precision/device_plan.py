@@ -22,7 +22,10 @@ Graphs with depthwise convolutions get one more decision, their treatment
 is built (:mod:`mxamp.runtime.depthwise_graphs`): on ``amx``, BatchNorm is steered off oneDNN
 2.4's reference backward kernel (``STEER_BATCHNORM``); under ``'auto'``, where the probe's
 depthwise block measured bfloat16 slower than float32, the whole graph computes in float32
-(``FLOAT32_GRAPH``).
+(``FLOAT32_GRAPH``). Graphs with a global pooling that feeds a convolution (squeeze-excitation
+gates) get theirs (:attr:`DevicePlan.pooling_graphs`, :mod:`mxamp.runtime.pooling_graphs`): on
+``native`` and ``emulated``, a Reshape before that pooling or a float32 ``mean`` in its place
+keeps its backward, and the BatchNorm's before it, off oneDNN's reference kernels.
 
 Where a plan computes in float32, AMP stays on: ``amp.init_trainer``'s scaler still skips
 steps with non-finite gradients, and a model behaves, bit for bit, as in float32.
@@ -45,6 +48,7 @@ from mxamp.lists.bfloat16 import FP32_ON_EVERY_CPU
 from mxamp.lists.float16 import NO_CPU_KERNEL_WHY
 from mxamp.runtime.depthwise_graphs import (FLOAT32_BATCHNORM_AT_GROUPS, FLOAT32_GRAPH,
                                             STEER_BATCHNORM)
+from mxamp.runtime.pooling_graphs import STEER_POOLING
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,8 @@ class DevicePlan:
     fp32_when: dict = field(default_factory=dict, compare=False)
     #: what a graph with depthwise convolutions gets here: '', STEER_BATCHNORM or FLOAT32_GRAPH
     depthwise_graphs: str = ""
+    #: what a graph with a global pooling into a convolution gets here: '' or STEER_POOLING
+    pooling_graphs: str = ""
 
     @property
     def low_precision(self):
@@ -97,7 +103,8 @@ class DevicePlan:
         >>> print(device_plan('bfloat16', get_op_lists('bfloat16'), 'native').describe())
         ... # doctest: +NORMALIZE_WHITESPACE
         target_dtype='bfloat16' on a CPU of class 'native': bfloat16 compute (AVX512-BF16);
-        graphs with grouped or depthwise convolutions: float32 BatchNorm at grouped convolutions
+        graphs with grouped or depthwise convolutions: float32 BatchNorm at grouped convolutions;
+        global average pooling into convolutions steered off reference kernels
         """
         where = "a GPU" if self.device == GPU else "a CPU of class %r" % self.device
         what = self.summary()
@@ -105,6 +112,8 @@ class DevicePlan:
             what = "float32 compute (%s)" % self.reason
         if self.depthwise_graphs:
             what += "; graphs with grouped or depthwise convolutions: %s" % self.depthwise_graphs
+        if self.pooling_graphs:
+            what += "; " + self.pooling_graphs
         return "target_dtype=%r on %s: %s" % (self.requested, where, what)
 
 
@@ -190,7 +199,7 @@ def device_plan(requested, lists, device, float32_because=""):
     depthwise = _depthwise_treatment(requested, device, compute, measured)
     return DevicePlan(requested=requested, target=lists.target, device=device, compute=compute,
                       fp32_ops=fp32_ops, reason=reason, fp32_when=fp32_when,
-                      depthwise_graphs=depthwise)
+                      depthwise_graphs=depthwise, pooling_graphs=_pooling_treatment(device, compute))
 
 
 def _depthwise_treatment(requested, device, compute, measured):
@@ -209,6 +218,19 @@ def _depthwise_treatment(requested, device, compute, measured):
     if device == "amx":
         return STEER_BATCHNORM
     return FLOAT32_BATCHNORM_AT_GROUPS if device in ("native", "emulated") else ""
+
+
+def _pooling_treatment(device, compute):
+    """The treatment of graphs with a global pooling into a convolution: steered where
+    bfloat16 computes without AMX (measured there), else '' (AMX: not measured yet; GPU: no
+    oneDNN).
+
+    >>> _pooling_treatment('native', 'bfloat16'), _pooling_treatment('amx', 'bfloat16')
+    ('global average pooling into convolutions steered off reference kernels', '')
+    """
+    if compute == "float32" or device not in ("native", "emulated"):
+        return ""
+    return STEER_POOLING
 
 
 # --------------------------------------------------------------------------------- notices

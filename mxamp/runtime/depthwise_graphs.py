@@ -39,8 +39,8 @@ import json
 
 import mxnet as mx
 
-from mxamp import dtypes
 from mxamp.backend import mxnet_private as mxp
+from mxamp.runtime.graph_edits import consumers_of, data_dtypes, input_dtypes, with_nodes_around
 from mxamp.runtime.state import STATE
 
 #: A Reshape before each BatchNorm of the graph (see the module's docstring).
@@ -95,43 +95,7 @@ def steer_batchnorm(sym):
         if node["op"] == "BatchNorm":
             return "Reshape", node["name"] + STEER_SUFFIX, {"shape": "(-2,)"}
         return None
-    return _with_nodes_around(sym, before=reshape)
-
-
-def _with_nodes_around(sym, before=None, after=None, graph=None):
-    """``sym`` with a node inserted before the data input of each node ``before(index, node)``
-    names one for, and after the first output of each node ``after(index, node)`` names one
-    for (``(op, name, attrs)``, or None); that output's consumers then read the new node.
-    ``graph`` is ``sym``'s parsed JSON where the caller has it already."""
-    graph = graph or json.loads(sym.tojson(remove_amp_cast=False))
-    nodes, new_id, read_after = [], {}, {}
-
-    def entry(e):
-        if e[0] in read_after and e[1] == 0:
-            return [read_after[e[0]], 0, 0]
-        return [new_id[e[0]]] + list(e[1:])
-
-    def added(spec, source):
-        op, name, attrs = spec
-        nodes.append({"op": op, "name": name, "attrs": attrs, "inputs": [source]})
-        return len(nodes) - 1
-
-    for old_id, node in enumerate(graph["nodes"]):
-        node = dict(node, inputs=[entry(e) for e in node["inputs"]])
-        spec = before(old_id, node) if before else None
-        if spec:
-            node["inputs"][0] = [added(spec, node["inputs"][0]), 0, 0]
-        new_id[old_id] = len(nodes)
-        nodes.append(node)
-        spec = after(old_id, node) if after else None
-        if spec:
-            read_after[old_id] = added(spec, [new_id[old_id], 0, 0])
-    graph["nodes"] = nodes
-    graph["arg_nodes"] = [i for i, n in enumerate(nodes) if n["op"] == "null"]
-    graph["heads"] = [entry(h) for h in graph["heads"]]
-    graph.pop("node_row_ptr", None)
-    rebuilt = mx.sym.load_json(json.dumps(graph))
-    return rebuilt.as_np_ndarray() if isinstance(sym, mxp.NumpySymbol) else rebuilt
+    return with_nodes_around(sym, before=reshape)
 
 
 def _off_grid_groups(nodes):
@@ -151,10 +115,7 @@ def _off_grid_groups(nodes):
 def _batchnorms_at(nodes, convolutions):
     """Indices of the BatchNorms whose data comes from one of ``convolutions``, or whose output
     reaches one through layout-keeping ops (its gradient then comes back in that layout)."""
-    consumers = {}
-    for i, node in enumerate(nodes):
-        for source in node["inputs"]:
-            consumers.setdefault(source[0], []).append(i)
+    consumers = consumers_of(nodes)
     found = set()
     for i, node in enumerate(nodes):
         if node["op"] != "BatchNorm":
@@ -174,29 +135,6 @@ def _batchnorms_at(nodes, convolutions):
     return found
 
 
-def _data_dtypes(graph, batchnorms, input_dtypes):
-    """{index: dtype name, or None} of each BatchNorm in ``batchnorms``: its data's dtype by
-    MXNet's type inference, given ``input_dtypes`` for the graph's data inputs ({} if the
-    inference fails)."""
-    nodes = []
-    for node in graph["nodes"]:    # dtypes as variable attributes: infer_type drops bfloat16
-        name = dtypes.name_of(input_dtypes[node["name"]]) \
-            if node["op"] == "null" and node["name"] in input_dtypes else None
-        if name in dtypes.TYPE_FLAGS:
-            node = dict(node, attrs=dict(node.get("attrs", {}),
-                                         __dtype__=str(dtypes.TYPE_FLAGS[name])))
-        nodes.append(node)
-    probe = dict(graph, nodes=nodes,
-                 heads=[graph["nodes"][i]["inputs"][0] for i in sorted(batchnorms)])
-    probe.pop("node_row_ptr", None)
-    try:
-        _, types, _ = mx.sym.load_json(json.dumps(probe)).infer_type_partial()
-    except mx.base.MXNetError:
-        return {}
-    return {i: dtypes.name_of(t) if t is not None else None
-            for i, t in zip(sorted(batchnorms), types or ())}
-
-
 def float32_batchnorm_at_groups(sym, input_dtypes=None, low="bfloat16"):
     """``sym`` with each BatchNorm next to a grouped convolution off 16-channel blocks computed
     in float32: ``amp_cast`` to float32 before its data, back to ``low`` after its output.
@@ -213,7 +151,7 @@ def float32_batchnorm_at_groups(sym, input_dtypes=None, low="bfloat16"):
     graph = json.loads(sym.tojson(remove_amp_cast=False))
     treated = _batchnorms_at(graph["nodes"], _off_grid_groups(graph["nodes"]))
     if treated and input_dtypes is not None:
-        found = _data_dtypes(graph, treated, input_dtypes)
+        found = data_dtypes(graph, treated, input_dtypes)
         treated = {i for i in treated if found.get(i) == low}
     if not treated:
         return sym
@@ -221,7 +159,7 @@ def float32_batchnorm_at_groups(sym, input_dtypes=None, low="bfloat16"):
     def cast(dtype):
         return lambda i, node: (("amp_cast", node["name"] + "_" + dtype, {"dtype": dtype})
                                 if i in treated else None)
-    return _with_nodes_around(sym, before=cast("float32"), after=cast(low), graph=graph)
+    return with_nodes_around(sym, before=cast("float32"), after=cast(low), graph=graph)
 
 
 def build_depthwise_graph(block, args, treatment):
@@ -236,9 +174,7 @@ def build_depthwise_graph(block, args, treatment):
     if treatment == STEER_BATCHNORM:
         view.cached_graph = (inputs, steer_batchnorm(out))
     elif treatment == FLOAT32_BATCHNORM_AT_GROUPS:
-        known = {i.name: a.dtype for i, a in zip(inputs, mxp.flat_block_inputs(args))
-                 if isinstance(a, mx.nd.NDArray)}
-        view.cached_graph = (inputs, float32_batchnorm_at_groups(out, known))
+        view.cached_graph = (inputs, float32_batchnorm_at_groups(out, input_dtypes(inputs, args)))
     elif treatment == FLOAT32_GRAPH:
         view.cached_graph = ()
         with STATE.disabled_region():

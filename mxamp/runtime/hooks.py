@@ -6,7 +6,8 @@
   recording scopes;
 * :func:`hook_block_graphs`: a hybridized block rebuilds a graph built under another AMP
   generation, its input shapes are known while its graph is built, a graph with
-  depthwise convolutions gets the plan's treatment (:mod:`mxamp.runtime.depthwise_graphs`),
+  depthwise convolutions gets the plan's treatment (:mod:`mxamp.runtime.depthwise_graphs`), so
+  does one with a global pooling into a convolution (:mod:`mxamp.runtime.pooling_graphs`),
   and a graph without convolutions for the CPU frees backward's arrays promptly
   (:func:`mxamp.backend.graph_memory.backward_segment_flags`);
 * :func:`hook_imperative_depthwise`: the same treatment for a block that runs without
@@ -41,6 +42,8 @@ from mxamp.runtime.depthwise_graphs import (FLOAT32_GRAPH, IMPERATIVE_TREATMENTS
                                             build_depthwise_graph, has_depthwise_layer,
                                             steered_input)
 from mxamp.runtime.patches import is_replaced, replace
+from mxamp.runtime import pooling_graphs
+from mxamp.runtime.pooling_graphs import build_pooling_graph
 from mxamp.runtime.state import STATE
 
 
@@ -169,6 +172,7 @@ def hook_block_graphs(depthwise_treatment=""):
                 _weights_to_default_layout(block)
                 with building_block(addto_names(block)):   # every trace below builds casts
                     build_depthwise_graph(block, args, _depthwise_treatment(block, args))
+                    build_pooling_graph(block, args, _pooling_treatment(block, args))
                     with _backward_segments(block, args):
                         return original(block, *args)
             finally:
@@ -226,6 +230,30 @@ def _depthwise_treatment(block, args):
     if TREATMENT_ATTR in block.__dict__:
         return block.__dict__[TREATMENT_ATTR]
     return STATE.plan.cpu.depthwise_graphs if STATE.plan is not None else ""
+
+
+def leave_graph_treatments(block, dplan):
+    """Leave the graph treatments of ``dplan`` (a ``DevicePlan``) on ``block``, as
+    ``cast_model`` does: the block hook then gives them to its graphs whatever plan is in force.
+
+    >>> from types import SimpleNamespace
+    >>> net = mx.gluon.nn.Dense(2)
+    >>> leave_graph_treatments(net, SimpleNamespace(depthwise_graphs='', pooling_graphs='x'))
+    >>> _pooling_treatment(net, (mx.nd.ones((1, 2)),))
+    'x'
+    """
+    block.__dict__[TREATMENT_ATTR] = dplan.depthwise_graphs
+    block.__dict__[pooling_graphs.TREATMENT_ATTR] = dplan.pooling_graphs
+
+
+def _pooling_treatment(block, args):
+    """The treatment of graphs with a global pooling into a convolution for a block called on
+    the CPU: the one ``cast_model`` left on it, else the plan in force's."""
+    if not _called_on_cpu(args):
+        return ""
+    if pooling_graphs.TREATMENT_ATTR in block.__dict__:
+        return block.__dict__[pooling_graphs.TREATMENT_ATTR]
+    return STATE.plan.cpu.pooling_graphs if STATE.plan is not None else ""
 
 
 _DEPTHWISE_LAYER_ATTR = "_mxamp_has_depthwise_layer"

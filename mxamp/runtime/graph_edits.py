@@ -1,0 +1,122 @@
+"""Edits of a Symbol's graph JSON that the graph treatments share: a node inserted before or
+after others (:func:`with_nodes_around`), who reads each node (:func:`consumers_of`), and the
+dtype of a node's data (:func:`data_dtypes`, given the block's :func:`input_dtypes`;
+:func:`input_shapes` for shapes).
+
+The treatments (:mod:`mxamp.runtime.depthwise_graphs`, :mod:`mxamp.runtime.pooling_graphs`)
+decide where; this module only edits. An edited graph is loaded back with MXNet's own
+``load_json``, so MXNet checks it like any other.
+
+>>> import mxnet as mx
+>>> y = mx.sym.relu(mx.sym.var('x'), name='r')
+>>> edited = with_nodes_around(y, before=lambda i, n: ('Reshape', 'r_in', {'shape': '(-2,)'})
+...                            if n['op'] == 'relu' else None)
+>>> [n['op'] for n in json.loads(edited.tojson())['nodes']]
+['null', 'Reshape', 'relu']
+"""
+import json
+
+import mxnet as mx
+
+from mxamp import dtypes
+from mxamp.backend import mxnet_private as mxp
+
+
+def consumers_of(nodes):
+    """{node index: indices of the nodes that read one of its outputs}, in graph order.
+
+    >>> x = mx.sym.var('x'); y = mx.sym.relu(x) + mx.sym.sigmoid(x)
+    >>> consumers_of(json.loads(y.tojson())['nodes'])[0]
+    [1, 2]
+    """
+    found = {}
+    for i, node in enumerate(nodes):
+        for source in node["inputs"]:
+            found.setdefault(source[0], []).append(i)
+    return found
+
+
+def with_nodes_around(sym, before=None, after=None, graph=None):
+    """``sym`` with a node inserted before the data input of each node ``before(index, node)``
+    names one for, and after the first output of each node ``after(index, node)`` names one
+    for (``(op, name, attrs)``, or None); that output's consumers then read the new node.
+    ``graph`` is ``sym``'s parsed JSON where the caller has it already. A numpy-mode Symbol
+    comes back in numpy mode."""
+    graph = graph or json.loads(sym.tojson(remove_amp_cast=False))
+    nodes, new_id, read_after = [], {}, {}
+
+    def entry(e):
+        if e[0] in read_after and e[1] == 0:
+            return [read_after[e[0]], 0, 0]
+        return [new_id[e[0]]] + list(e[1:])
+
+    def added(spec, source):
+        op, name, attrs = spec
+        nodes.append({"op": op, "name": name, "attrs": attrs, "inputs": [source]})
+        return len(nodes) - 1
+
+    for old_id, node in enumerate(graph["nodes"]):
+        node = dict(node, inputs=[entry(e) for e in node["inputs"]])
+        spec = before(old_id, node) if before else None
+        if spec:
+            node["inputs"][0] = [added(spec, node["inputs"][0]), 0, 0]
+        new_id[old_id] = len(nodes)
+        nodes.append(node)
+        spec = after(old_id, node) if after else None
+        if spec:
+            read_after[old_id] = added(spec, [new_id[old_id], 0, 0])
+    graph["nodes"] = nodes
+    graph["arg_nodes"] = [i for i, n in enumerate(nodes) if n["op"] == "null"]
+    graph["heads"] = [entry(h) for h in graph["heads"]]
+    graph.pop("node_row_ptr", None)
+    rebuilt = mx.sym.load_json(json.dumps(graph))
+    return rebuilt.as_np_ndarray() if isinstance(sym, mxp.NumpySymbol) else rebuilt
+
+
+def input_dtypes(inputs, args):
+    """{input variable name: dtype} of a block's traced ``inputs`` called with ``args``
+    (NDArray arguments only; Gluon flattens nested ones in the same order).
+
+    >>> input_dtypes([mx.sym.var('data0')], (mx.nd.ones((1,), dtype='float16'),))
+    {'data0': <class 'numpy.float16'>}
+    """
+    return {i.name: a.dtype for i, a in zip(inputs, mxp.flat_block_inputs(args))
+            if isinstance(a, mx.nd.NDArray)}
+
+
+def input_shapes(inputs, args):
+    """{input variable name: shape} of a block's traced ``inputs`` called with ``args``, as
+    :func:`input_dtypes` does for dtypes.
+
+    >>> input_shapes([mx.sym.var('data')], (mx.nd.ones((2, 3)),))
+    {'data': (2, 3)}
+    """
+    return {i.name: a.shape for i, a in zip(inputs, mxp.flat_block_inputs(args))
+            if isinstance(a, mx.nd.NDArray)}
+
+
+def data_dtypes(graph, indices, known_inputs):
+    """{index: dtype name, or None} of the data (first input) of each node in ``indices``, by
+    MXNet's type inference given ``known_inputs`` (:func:`input_dtypes`) for the graph's data
+    inputs; {} if the inference fails.
+
+    >>> y = mx.sym.relu(mx.sym.amp_cast(mx.sym.var('x'), dtype='float16'))
+    >>> data_dtypes(json.loads(y.tojson(remove_amp_cast=False)), [2], {'x': 'float32'})
+    {2: 'float16'}
+    """
+    nodes = []
+    for node in graph["nodes"]:    # dtypes as variable attributes: infer_type drops bfloat16
+        name = dtypes.name_of(known_inputs[node["name"]]) \
+            if node["op"] == "null" and node["name"] in known_inputs else None
+        if name in dtypes.TYPE_FLAGS:
+            node = dict(node, attrs=dict(node.get("attrs", {}),
+                                         __dtype__=str(dtypes.TYPE_FLAGS[name])))
+        nodes.append(node)
+    probe = dict(graph, nodes=nodes, heads=[graph["nodes"][i]["inputs"][0] for i in sorted(indices)])
+    probe.pop("node_row_ptr", None)
+    try:
+        _, types, _ = mx.sym.load_json(json.dumps(probe)).infer_type_partial()
+    except mx.base.MXNetError:
+        return {}
+    return {i: dtypes.name_of(t) if t is not None else None
+            for i, t in zip(sorted(indices), types or ())}
