@@ -159,8 +159,8 @@ def test_steer_global_pooling_keeps_the_values(shapes, steering):
     rewritten = steer_global_pooling(out, known_shapes=shapes)
     assert [n["op"] for n in json.loads(rewritten.tojson())["nodes"]].count(steering) == 1
     rng = np.random.RandomState(0)
-    values = {"data": rng.uniform(-1, 1, (2, 8, 7, 7)), "c_weight": rng.normal(0, 0.3, (8, 8, 1, 1)),
-              "c_bias": np.zeros(8)}
+    values = {"data": rng.uniform(-1, 1, (2, 8, 7, 7)),
+              "c_weight": rng.normal(0, 0.3, (8, 8, 1, 1)), "c_bias": np.zeros(8)}
     head = rng.uniform(-1, 1, (2, 8, 7, 7))
     results = []
     for sym in (out, rewritten):

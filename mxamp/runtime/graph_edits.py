@@ -112,7 +112,8 @@ def data_dtypes(graph, indices, known_inputs):
             node = dict(node, attrs=dict(node.get("attrs", {}),
                                          __dtype__=str(dtypes.TYPE_FLAGS[name])))
         nodes.append(node)
-    probe = dict(graph, nodes=nodes, heads=[graph["nodes"][i]["inputs"][0] for i in sorted(indices)])
+    heads = [graph["nodes"][i]["inputs"][0] for i in sorted(indices)]
+    probe = dict(graph, nodes=nodes, heads=heads)
     probe.pop("node_row_ptr", None)
     try:
         _, types, _ = mx.sym.load_json(json.dumps(probe)).infer_type_partial()
