@@ -145,15 +145,18 @@ def test_only_the_gate_pooling_is_steered(o2, size):
     assert pools == expected and gate != head, (pools, where())
 
 
+@pytest.mark.parametrize("adaptive", [False, True], ids=["Pooling", "AdaptiveAvgPooling2D"])
 @pytest.mark.parametrize("shapes, steering", [(None, "mean"), ({"data": (2, 8, 7, 7)}, "Reshape")])
-def test_steer_global_pooling_keeps_the_values(shapes, steering):
+def test_steer_global_pooling_keeps_the_values(shapes, steering, adaptive):
     """Both steerings of a float32 graph (``mean`` where the shape is unknown, a Reshape where
     8 channels are at least the 7x7 size) give the original's output and input gradient: the
     same averages, possibly summed in another order (measured: a max difference of 0 for both
-    on a Zen 4, natively and under the AVX512_CORE and AVX2 caps; the bound 1e-6 leaves room
-    for float32's rounding of another order at these magnitudes, values up to 0.53)."""
+    from Pooling and 0 and 7.5e-9 from AdaptiveAvgPooling2D on a Zen 4, natively and under the
+    AVX512_CORE and AVX2 caps; the bound 1e-6 leaves room for float32's rounding of another
+    order at these magnitudes, values up to 0.53)."""
     x = mx.sym.var("data")
-    pooled = mx.sym.Pooling(x, global_pool=True, pool_type="avg", kernel=(1, 1), name="p")
+    pooled = mx.sym.contrib.AdaptiveAvgPooling2D(x, output_size=1, name="p") if adaptive else \
+        mx.sym.Pooling(x, global_pool=True, pool_type="avg", kernel=(1, 1), name="p")
     gate = mx.sym.sigmoid(mx.sym.Convolution(pooled, kernel=(1, 1), num_filter=8, name="c"))
     out = mx.sym.broadcast_mul(x, gate)
     rewritten = steer_global_pooling(out, known_shapes=shapes)
@@ -172,6 +175,48 @@ def test_steer_global_pooling_keeps_the_values(shapes, steering):
         results.append((y, grads["data"].asnumpy()))
     assert np.abs(results[0][0] - results[1][0]).max() <= 1e-6
     assert np.abs(results[0][1] - results[1][1]).max() <= 1e-6
+
+
+@pytest.mark.cpu_class
+@pytest.mark.parametrize("size, steering", [(7, "Pooling"), (20, "mean")])
+def test_adaptive_average_pooling_to_one_pixel_is_steered(size, steering):
+    """An SE-ResNet gate as GluonCV writes it: ``contrib.AdaptiveAvgPooling2D`` to one pixel,
+    then Dense layers. On native and emulated it becomes oneDNN's global Pooling after a
+    Reshape (16 channels at 7x7) or a float32 ``mean`` (16 channels at 20x20); elsewhere it
+    stays. The gate's output under AMP matches MXNet alone in float32 to bfloat16's precision
+    (measured max difference relative to the largest value: 0.0036 at 7x7 and 0.0035 at 20x20
+    natively and under AVX512_CORE, 0 under AVX2; bound 0.02, bfloat16's 8 bits with room)."""
+    from mxnet.gluon import nn
+
+    class Gate(nn.HybridBlock):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.fc = nn.Dense(16, in_units=16)
+
+        def hybrid_forward(self, F, x):
+            return F.broadcast_mul(x, F.sigmoid(self.fc(
+                F.contrib.AdaptiveAvgPooling2D(x, output_size=1))).reshape((0, 0, 1, 1)))
+
+    mx.random.seed(0)
+    net = Gate()
+    net.initialize()
+    x = mx.nd.random.uniform(shape=(2, 16, size, size))
+    net.hybridize()
+    expected = net(x).asnumpy()
+    nodes = trained_graph_nodes(net, x.shape)
+    ops = [n["op"] for n in nodes]
+    if TREATED:
+        assert "_contrib_AdaptiveAvgPooling2D" not in ops and steering in ops, (ops, where())
+    else:
+        assert "_contrib_AdaptiveAvgPooling2D" in ops, (ops, where())
+    from mxamp import amp
+    amp.init("bfloat16")
+    try:
+        net.hybridize()
+        got = net(x).astype("float32").asnumpy()
+    finally:
+        amp.reset()
+    assert np.abs(got - expected).max() / np.abs(expected).max() <= 0.02
 
 
 def test_a_pooling_of_unknown_dtype_stays():

@@ -1,6 +1,7 @@
 """Global average pooling whose output feeds a convolution, as in squeeze-excitation gates
-(MobileNetV3's SE blocks: pool, 1x1 convolution, activation, 1x1 convolution, scale): steered
-off oneDNN's reference kernels while a hybridized block builds its graph.
+(MobileNetV3's SE blocks: pool, 1x1 convolution, activation, 1x1 convolution, scale), and
+adaptive average pooling to one pixel: steered off slow kernels while a hybridized block
+builds its graph.
 
 Why: MXNet 1.9.1 asks oneDNN 2.4 for a pooling's input gradient in any layout, and oneDNN
 copies the order of the output gradient's strides. That gradient is 1x1 pixels: its channel
@@ -24,7 +25,13 @@ Two steerings, by the pooling's input shape (known while a graph is built):
   same unit at 16 channels: 11 ms (float32) and 25 ms (bfloat16 requested) as is, 4.1-4.4 ms
   as ``mean``; at 64 channels ``mean`` took 16.8-18.9 ms, the Reshape 14.6-16.4.
 
-Both change layouts, not values (``tests/test_pooling_graphs.py`` compares them).
+MXNet's ``contrib.AdaptiveAvgPooling2D`` to one pixel (GluonCV's SE-ResNet gates, into Dense
+layers) is a global average on a generic MXNet kernel: 89 of a 464 ms SE-ResNet-18 training
+step (mx.profiler, forward and backward, Zen 4). It gets the same steering, whatever reads it,
+as oneDNN's Pooling or as ``mean``: SE-ResNet-18 went from 1.06x float32 to 1.50x.
+
+All of these change layouts and kernels, not values (``tests/test_pooling_graphs.py``
+compares them).
 
 >>> import mxnet as mx
 >>> x = mx.sym.var('data')
@@ -64,9 +71,19 @@ def _is_global_average(node):
             and attrs.get("layout", "None") in ("None", "NCW", "NCHW", "NCDHW"))
 
 
+def _is_adaptive_global(node):
+    """MXNet's ``contrib.AdaptiveAvgPooling2D`` to one pixel (its default): a global average
+    written as a generic, unvectorised MXNet kernel (SE-ResNet's gates in GluonCV)."""
+    if node["op"] != "_contrib_AdaptiveAvgPooling2D":
+        return False
+    size = ast.literal_eval(node.get("attrs", {}).get("output_size", "1"))
+    return all(n == 1 for n in (size if isinstance(size, (tuple, list)) else (size,)))
+
+
 def poolings_into_convolutions(nodes):
     """Indices of the global average poolings (channels-first) whose output reaches a
-    Convolution directly or through casts and activations.
+    Convolution directly or through casts and activations, and of every adaptive average
+    pooling to one pixel (whatever reads it).
 
     >>> import mxnet as mx
     >>> p = mx.sym.Pooling(mx.sym.var('x'), global_pool=True, pool_type='avg', kernel=(1, 1))
@@ -75,7 +92,7 @@ def poolings_into_convolutions(nodes):
     set()
     """
     consumers = consumers_of(nodes)
-    found = set()
+    found = {i for i, node in enumerate(nodes) if _is_adaptive_global(node)}
     for i, node in enumerate(nodes):
         if not _is_global_average(node):
             continue
@@ -116,9 +133,13 @@ def steer_global_pooling(sym, known_inputs=None, known_shapes=None):
         return sym
     for i in means:
         node = graph["nodes"][i]
-        spatial = len(ast.literal_eval(node["attrs"].get("kernel", "(1, 1)")))
+        spatial = len(ast.literal_eval(node.get("attrs", {}).get("kernel", "(1, 1)")))
         node.update(op="mean", attrs={"axis": str(tuple(range(2, 2 + spatial))),
                                       "keepdims": "True"})
+    for i in reshaped:
+        if _is_adaptive_global(graph["nodes"][i]):    # the same average, on oneDNN's kernel
+            graph["nodes"][i].update(op="Pooling", attrs={
+                "global_pool": "True", "pool_type": "avg", "kernel": "(1, 1)"})
     low = {i for i in means if dtype_of[i] in _LOW}
 
     def before(i, node):
