@@ -77,12 +77,13 @@ wait $suite
   echo "probe-speed rc=$?: $(head -1 "$OUT/probe-speed.txt" 2>/dev/null)"
   # the 16-channel-block cases (tests/test_channel_blocks.py skips them on 'amx'): which
   # convolution and BatchNorm kernels AMX trains them on, raw and under AMP
-  for script in GRID_SCRIPT "GROUPED_SCRIPT fp32" "GROUPED_SCRIPT amp"; do
+  for script in GRID_SCRIPT "GROUPED_SCRIPT fp32" "GROUPED_SCRIPT amp" \
+      "GROUPED_SCRIPT fp32 shuffle" "GROUPED_SCRIPT amp shuffle"; do
     set -- $script
     $PY -c "import sys; sys.path.insert(0, 'tests'); import test_channel_blocks as t; print(t.$1)" \
       > "$OUT/channel-blocks.py"
     echo "# $script"
-    DNNL_VERBOSE=1 timeout 60 taskset -c ${MEASURE_CPUS:-0-3} $PY "$OUT/channel-blocks.py" $2 2>&1 |
+    DNNL_VERBOSE=1 timeout 60 taskset -c ${MEASURE_CPUS:-0-3} $PY "$OUT/channel-blocks.py" ${2:-} ${3:-} 2>&1 |
       grep -E "^(RAW|AMP|INFERENCE|DTYPES)|exec,cpu,(convolution|batch_normalization)" | cut -d, -f4-7,9-
   done > "$OUT/channel-blocks-verbose.txt" 2>&1
   # the SE gate's global pooling (tests/test_pooling_graphs.py skips it on 'amx', where the
