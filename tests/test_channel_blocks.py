@@ -272,3 +272,27 @@ def test_float32_batchnorm_at_grouped_convolutions_leaves_the_reference_kernel()
     under_amp = _batchnorm_kernels("amp", "shuffle")
     assert [dtype for _, dtype in under_amp] == ["f32"] * 4, under_amp
     assert not any(impl.startswith("bnorm_ref") for impl, _ in under_amp), (under_amp, where())
+
+
+@pytest.mark.cpu_class
+def test_o2_batchnorm_off_16_channel_blocks_trains_in_float32():
+    """O2's BatchNorms take bfloat16 data. Under ``cast_model``, on the classes without AMX,
+    one with 24 channels (off the blocks: its bfloat16 data is plain, which oneDNN trains on
+    ``ncsp_bnorm``, GRID_SCRIPT's raw fact) computes in float32 between casts in a training
+    graph; one with 32 channels stays in bfloat16, and elsewhere neither gets a float32 cast."""
+    from mxnet.gluon import nn
+    mx.random.seed(0)
+    net = nn.HybridSequential()
+    net.add(nn.Conv2D(24, 3, padding=1, in_channels=16), nn.BatchNorm(in_channels=24),
+            nn.Conv2D(32, 3, padding=1, in_channels=24), nn.BatchNorm(in_channels=32))
+    net.initialize()
+    nodes = trained_graph_nodes(net, (2, 16, 8, 8), o2=True)
+    producers = {}
+    for node in nodes:
+        if node["op"] == "BatchNorm":
+            source = nodes[node["inputs"][0][0]]
+            producers[node["name"]] = (source["op"], source.get("attrs", {}).get("dtype"))
+    bn24, bn32 = sorted(producers)
+    float32_in = [name for name, source in producers.items() if source == ("amp_cast", "float32")]
+    assert float32_in == ([bn24] if CPU_CLASS in ("native", "emulated") else []), \
+        (producers, where())

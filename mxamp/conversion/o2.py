@@ -142,16 +142,16 @@ def _fp32_compute(block):
     return True
 
 
-def _in_float32(hybrid_forward, F, args, params):
-    """``hybrid_forward`` called with its inputs and parameters cast to float32."""
-    params = {k: cast(v, "float32") for k, v in params.items()}
+def _in_float32(hybrid_forward, F, args, params, cast_params=True):
+    """``hybrid_forward`` called with its inputs and (unless told not to) parameters in float32."""
+    params = {k: cast(v, "float32") for k, v in params.items()} if cast_params else params
     return hybrid_forward(F, *_cast_nested(args, "float32"), **params)
 
 
 def _layer_conditions(block, fp32_when):
     """The conditions under which this CPU class computes ``block``'s op in float32 (a Gluon
     layer names its op in ``_op_name`` and its parameters in ``_kwargs``)."""
-    op = getattr(block, "_op_name", None)
+    op = "BatchNorm" if isinstance(block, MIXED_INPUT_NORMS) else getattr(block, "_op_name", None)
     return fp32_when.get(op, ()) if op else ()
 
 
@@ -167,7 +167,9 @@ def _fp32_where(block, conditions, target):
         shape = x.shape if isinstance(x, mx.nd.NDArray) else symbol_data_shape(x, building_input_shapes())
         if not any(c.holds(attrs, shape, mx.autograd.is_recording()) for c in conditions):
             return inner(F, x, *args, **params)
-        return _cast_nested(_in_float32(inner, F, (x,) + args, params), target)
+        # a normalisation layer's parameters are float32 (its statistics mutable variables)
+        fp32 = _in_float32(inner, F, (x,) + args, params, not isinstance(block, MIXED_INPUT_NORMS))
+        return _cast_nested(fp32, target)
     block.hybrid_forward = hybrid_forward
 
 
@@ -197,8 +199,7 @@ def _plan(block, target, excluded):
         if b in excluded or isinstance(b, FP32_LAYERS[target]):
             islands.append(b)  # its children compute in float32 with it
             return
-        if not isinstance(b, MIXED_INPUT_NORMS):
-            low.append(b)
+        low.append(b)   # normalisation layers too: they take low-precision data
         for child in BlockView(b).children.values():
             visit(child)
     visit(block)
@@ -206,10 +207,8 @@ def _plan(block, target, excluded):
 
 
 def _matches(block, rule):
-    if isinstance(rule, Block):
-        return block is rule
-    if isinstance(rule, type):
-        return isinstance(block, rule)
+    if isinstance(rule, (Block, type)):
+        return block is rule if isinstance(rule, Block) else isinstance(block, rule)
     return rule in (block.name, block.prefix, block.prefix.rstrip("_"))
 
 
@@ -347,7 +346,7 @@ def _cast_low_precision_blocks(low, target, compute, fp32_when):
     opaque = []
     for lp_block in low:
         float_params = [p for p in BlockView(lp_block).own_params.values()
-                        if dtypes.is_float(p.dtype)]
+                        if dtypes.is_float(p.dtype) and not isinstance(lp_block, MIXED_INPUT_NORMS)]
         for param in float_params:
             _cast_parameter(param, target)
         if float_params and compute == "float32" and not _fp32_compute(lp_block):
