@@ -80,15 +80,15 @@ def _is_adaptive_global(node):
     return all(n == 1 for n in (size if isinstance(size, (tuple, list)) else (size,)))
 
 
-def poolings_into_convolutions(nodes):
-    """Indices of the global average poolings (channels-first) whose output reaches a
-    Convolution directly or through casts and activations, and of every adaptive average
-    pooling to one pixel (whatever reads it).
+def poolings_to_steer(nodes):
+    """Indices of the poolings this module steers: the global average poolings
+    (channels-first) whose output reaches a Convolution directly or through casts and
+    activations, and every adaptive average pooling to one pixel (whatever reads it).
 
     >>> import mxnet as mx
     >>> p = mx.sym.Pooling(mx.sym.var('x'), global_pool=True, pool_type='avg', kernel=(1, 1))
     >>> nodes = json.loads(mx.sym.FullyConnected(p, num_hidden=2).tojson())['nodes']
-    >>> poolings_into_convolutions(nodes)
+    >>> poolings_to_steer(nodes)
     set()
     """
     consumers = consumers_of(nodes)
@@ -121,7 +121,7 @@ def steer_global_pooling(sym, known_inputs=None, known_shapes=None):
     to float32 and back, and one whose dtype it cannot infer stays a pooling; without, every
     one is taken as float32. ``sym`` itself where there is none."""
     graph = json.loads(sym.tojson(remove_amp_cast=False))
-    found = poolings_into_convolutions(graph["nodes"])
+    found = poolings_to_steer(graph["nodes"])
     shapes = data_shapes_of(sym, [graph["nodes"][i] for i in found], known_shapes) \
         if found and known_shapes else {}
     reshaped = {i for i in found if _reshape_suffices(shapes.get(graph["nodes"][i]["name"]))}
