@@ -25,7 +25,8 @@ from mxamp.lists import get_op_lists
 from mxamp.precision.device_plan import device_plan
 from mxamp.runtime import hooks
 from mxamp.runtime.depthwise_graphs import (FLOAT32_BATCHNORM_AT_GROUPS, FLOAT32_GRAPH,
-                                            STEER_BATCHNORM, STEER_SUFFIX)
+                                            STEER_BATCHNORM)
+from mxamp.runtime.graph_edits import STEER_SUFFIX
 
 ROOT = __file__.rsplit("/tests/", 1)[0]
 

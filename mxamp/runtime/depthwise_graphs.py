@@ -45,8 +45,8 @@ import mxnet as mx
 
 from mxamp.backend import mxnet_private as mxp
 from mxamp.backend.graphs import data_shapes_of
-from mxamp.runtime.graph_edits import (consumers_of, data_dtypes, input_dtypes, input_shapes,
-                                       with_nodes_around)
+from mxamp.runtime.graph_edits import (consumers_of, data_dtypes, graph_input_shapes,
+                                       input_dtypes, layout_reshape, with_nodes_around)
 from mxamp.runtime.state import STATE
 
 #: A Reshape before each BatchNorm of the graph (see the module's docstring).
@@ -61,8 +61,6 @@ IMPERATIVE_TREATMENTS = (STEER_BATCHNORM, FLOAT32_GRAPH)
 _LAYOUT_KEEPING = ("Activation", "amp_cast", "relu", "LeakyReLU")
 #: Where ``cast_model`` leaves its plan's treatment on the model (``amp.init``'s plan holds it too).
 TREATMENT_ATTR = "_mxamp_depthwise_treatment"
-#: The name each steering Reshape gets: the BatchNorm's name and this suffix.
-STEER_SUFFIX = "_mxamp_layout"
 #: The name each gradient-steering ``clip`` after a float32 BatchNorm gets.
 GRADIENT_SUFFIX = "_mxamp_gradient_layout"
 
@@ -99,11 +97,8 @@ def steered_input(data):
 
 def steer_batchnorm(sym):
     """``sym`` with a Reshape to the same shape (``shape=(-2,)``) before each BatchNorm's data."""
-    def reshape(_, node):
-        if node["op"] == "BatchNorm":
-            return "Reshape", node["name"] + STEER_SUFFIX, {"shape": "(-2,)"}
-        return None
-    return with_nodes_around(sym, before=reshape)
+    return with_nodes_around(
+        sym, before=lambda _, node: layout_reshape(node) if node["op"] == "BatchNorm" else None)
 
 
 def _off_grid_groups(sym, nodes, known_shapes=None):
@@ -193,7 +188,7 @@ def float32_batchnorm_at_groups(sym, input_dtypes=None, low="bfloat16", input_sh
 
     def before(i, node):
         if i in reshape:
-            return "Reshape", node["name"] + STEER_SUFFIX, {"shape": "(-2,)"}
+            return layout_reshape(node)
         return ("amp_cast", node["name"] + "_float32", {"dtype": "float32"}) if i in cast else None
     def after(i, node):
         if i in reshape:    # an exact identity, inf and NaN too; its backward writes plain
@@ -215,7 +210,7 @@ def build_depthwise_graph(block, args, treatment):
         view.cached_graph = (inputs, steer_batchnorm(out))
     elif treatment == FLOAT32_BATCHNORM_AT_GROUPS:
         view.cached_graph = (inputs, float32_batchnorm_at_groups(
-            out, input_dtypes(inputs, args), input_shapes=input_shapes(inputs, args)))
+            out, input_dtypes(inputs, args), input_shapes=graph_input_shapes(args)))
     elif treatment == FLOAT32_GRAPH:
         view.cached_graph = ()
         with STATE.disabled_region():

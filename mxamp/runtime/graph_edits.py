@@ -1,7 +1,8 @@
 """Edits of a Symbol's graph JSON that the graph treatments share: a node inserted before or
 after others (:func:`with_nodes_around`), who reads each node (:func:`consumers_of`), and the
-dtype of a node's data (:func:`data_dtypes`, given the block's :func:`input_dtypes`;
-:func:`input_shapes` for shapes).
+dtype of a node's data (:func:`data_dtypes`, given the block's :func:`input_dtypes`), the
+block's input shapes under Gluon's names (:func:`graph_input_shapes`) and the steering Reshape
+the treatments put before a node (:func:`layout_reshape`).
 
 The treatments (:mod:`mxamp.runtime.depthwise_graphs`, :mod:`mxamp.runtime.pooling_graphs`)
 decide where; this module only edits. An edited graph is loaded back with MXNet's own
@@ -20,6 +21,20 @@ import mxnet as mx
 
 from mxamp import dtypes
 from mxamp.backend import mxnet_private as mxp
+
+
+#: The name each steering Reshape gets: the steered node's name and this suffix.
+STEER_SUFFIX = "_mxamp_layout"
+
+
+def layout_reshape(node):
+    """The node spec (:func:`with_nodes_around`) of a Reshape to its input's own shape before
+    ``node``: MXNet's Reshape hands ``node`` its data in MXNet's plain layout.
+
+    >>> layout_reshape({'name': 'bn'})
+    ('Reshape', 'bn_mxamp_layout', {'shape': '(-2,)'})
+    """
+    return "Reshape", node["name"] + STEER_SUFFIX, {"shape": "(-2,)"}
 
 
 def consumers_of(nodes):
@@ -84,15 +99,16 @@ def input_dtypes(inputs, args):
             if isinstance(a, mx.nd.NDArray)}
 
 
-def input_shapes(inputs, args):
-    """{input variable name: shape} of a block's traced ``inputs`` called with ``args``, as
-    :func:`input_dtypes` does for dtypes.
+def graph_input_shapes(args):
+    """{'data': shape} or {'data0': ..., 'data1': ...}: Gluon's names for a block's array inputs.
 
-    >>> input_shapes([mx.sym.var('data')], (mx.nd.ones((2, 3)),))
+    >>> graph_input_shapes((mx.nd.ones((2, 3)),))
     {'data': (2, 3)}
     """
-    return {i.name: a.shape for i, a in zip(inputs, mxp.flat_block_inputs(args))
-            if isinstance(a, mx.nd.NDArray)}
+    shapes = [getattr(a, "shape", None) for a in mxp.flat_block_inputs(args)]
+    if len(shapes) == 1:
+        return {"data": shapes[0]} if shapes[0] else {}
+    return {"data%d" % i: s for i, s in enumerate(shapes) if s}
 
 
 def data_dtypes(graph, indices, known_inputs):

@@ -41,8 +41,9 @@ from mxamp.runtime.depthwise_graphs import (FLOAT32_GRAPH, IMPERATIVE_TREATMENTS
                                             STEER_BATCHNORM, TREATMENT_ATTR,
                                             build_depthwise_graph, has_depthwise_layer,
                                             steered_input)
+from mxamp.runtime.graph_edits import graph_input_shapes
 from mxamp.runtime.patches import is_replaced, replace
-from mxamp.runtime import pooling_graphs
+from mxamp.runtime.pooling_graphs import TREATMENT_ATTR as POOLING_TREATMENT_ATTR
 from mxamp.runtime.pooling_graphs import build_pooling_graph
 from mxamp.runtime.state import STATE
 
@@ -243,7 +244,7 @@ def leave_graph_treatments(block, dplan):
     'x'
     """
     block.__dict__[TREATMENT_ATTR] = dplan.depthwise_graphs
-    block.__dict__[pooling_graphs.TREATMENT_ATTR] = dplan.pooling_graphs
+    block.__dict__[POOLING_TREATMENT_ATTR] = dplan.pooling_graphs
 
 
 def _pooling_treatment(block, args):
@@ -251,8 +252,8 @@ def _pooling_treatment(block, args):
     the CPU: the one ``cast_model`` left on it, else the plan in force's."""
     if not _called_on_cpu(args):
         return ""
-    if pooling_graphs.TREATMENT_ATTR in block.__dict__:
-        return block.__dict__[pooling_graphs.TREATMENT_ATTR]
+    if POOLING_TREATMENT_ATTR in block.__dict__:
+        return block.__dict__[POOLING_TREATMENT_ATTR]
     return STATE.plan.cpu.pooling_graphs if STATE.plan is not None else ""
 
 
@@ -374,15 +375,3 @@ def dropped_graph_inputs(block):
     if mxp.BlockView(block).cached_graph:
         return None
     return block.__dict__.get(_DROPPED_INPUTS_ATTR)
-
-
-def graph_input_shapes(args):
-    """{'data': shape} or {'data0': ..., 'data1': ...}: Gluon's names for a block's array inputs.
-
-    >>> graph_input_shapes((mx.nd.ones((2, 3)),))
-    {'data': (2, 3)}
-    """
-    shapes = [getattr(a, "shape", None) for a in mxp.flat_block_inputs(args)]
-    if len(shapes) == 1:
-        return {"data": shapes[0]} if shapes[0] else {}
-    return {"data%d" % i: s for i, s in enumerate(shapes) if s}

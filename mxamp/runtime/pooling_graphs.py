@@ -50,15 +50,13 @@ import json
 
 from mxamp.backend import mxnet_private as mxp
 from mxamp.backend.graphs import data_shapes_of
-from mxamp.runtime.graph_edits import (consumers_of, data_dtypes, input_dtypes, input_shapes,
-                                       with_nodes_around)
+from mxamp.runtime.graph_edits import (consumers_of, data_dtypes, graph_input_shapes,
+                                       input_dtypes, layout_reshape, with_nodes_around)
 
 #: Global average pooling into convolutions steered (see the module's docstring).
 STEER_POOLING = "global average pooling into convolutions steered off reference kernels"
 #: Where ``cast_model`` leaves its plan's treatment on the model (``amp.init``'s plan holds it too).
 TREATMENT_ATTR = "_mxamp_pooling_treatment"
-#: The name each Reshape gets: the pooling's name and this suffix.
-STEER_SUFFIX = "_mxamp_layout"
 #: Ops between the pooling and the convolution through which the gradient keeps its layout.
 _PASSING = ("amp_cast", "amp_multicast", "Activation", "relu", "Flatten", "Reshape")
 _LOW = ("bfloat16", "float16")
@@ -144,7 +142,7 @@ def steer_global_pooling(sym, known_inputs=None, known_shapes=None):
 
     def before(i, node):
         if i in reshaped:
-            return "Reshape", node["name"] + STEER_SUFFIX, {"shape": "(-2,)"}
+            return layout_reshape(node)
         return ("amp_cast", node["name"] + "_float32", {"dtype": "float32"}) if i in low else None
 
     def after(i, node):
@@ -160,6 +158,6 @@ def build_pooling_graph(block, args, treatment):
         return
     view = mxp.BlockView(block)
     inputs, out = view.trace(*args)   # the graph another treatment left, or a fresh trace
-    treated = steer_global_pooling(out, input_dtypes(inputs, args), input_shapes(inputs, args))
+    treated = steer_global_pooling(out, input_dtypes(inputs, args), graph_input_shapes(args))
     if treated is not out:
         view.cached_graph = (inputs, treated)
