@@ -1,6 +1,8 @@
 """The graph a hybridized block trains under mxamp: the helper the graph-treatment tests share."""
 import json
 
+import numpy
+
 import mxnet as mx
 from mxnet import autograd
 
@@ -22,3 +24,18 @@ def trained_graph_nodes(net, data_shape, o2=False):
         return json.loads(net._cached_graph[1].tojson(remove_amp_cast=False))["nodes"]
     finally:
         amp.reset()
+
+
+def data_dtypes(nodes, op, graph_input_dtype="bfloat16"):
+    """The dtype names of the data (first input) of each ``op`` node in ``nodes``, in graph
+    order, by MXNet's own type inference, the graph's data input declared
+    ``graph_input_dtype`` (``cast_model``'s graphs take the target dtype)."""
+    flags = {"float32": "0", "bfloat16": "12"}
+    declared = [dict(n, attrs=dict(n.get("attrs", {}), __dtype__=flags[graph_input_dtype]))
+                if n["op"] == "null" and n["name"] == "data" else n for n in nodes]
+    heads = [n["inputs"][0] for n in nodes if n["op"] == op]
+    graph = {"nodes": declared, "heads": heads, "attrs": {"mxnet_version": ["int", 10901]},
+             "arg_nodes": [i for i, n in enumerate(nodes) if n["op"] == "null"]}
+    _, types, _ = mx.sym.load_json(json.dumps(graph)).infer_type_partial()
+    return ["bfloat16" if t is not None and getattr(t, "names", None) else
+            (None if t is None else numpy.dtype(t).name) for t in types]

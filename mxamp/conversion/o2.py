@@ -15,7 +15,8 @@ normalisation layers and the layers the user excludes, which keep float32 parame
 * The model's outputs come back in float32 (``output_dtype=None`` keeps the target dtype).
 * Layers whose shapes a CPU class must not run in low precision (on ``amx``, the 1x1
   convolutions that corrupt the heap: :mod:`mxamp.lists.bfloat16`) compute in float32 on
-  those calls; graphs get the plan's treatments (:func:`~mxamp.runtime.hooks.leave_graph_treatments`).
+  those calls; graphs get the plan's treatments, and where float32 layers meet, no value is
+  rounded only to be widened again (:func:`~mxamp.runtime.hooks.leave_graph_treatments`).
 
 What runs depends on the device (:mod:`mxamp.precision.device_plan`). On a CPU without bfloat16
 kernels (class 'none'), ``cast_model(net, 'bfloat16')`` keeps bfloat16 *storage* with float32
@@ -304,8 +305,8 @@ def cast_model(block, target_dtype="bfloat16", exclude=None, output_dtype="float
     low, islands = _plan(block, target, excluded)
     _check_device(block, target, low)
     amp_plan.announce(stacklevel=4)  # from here: stacklevel counts frames up to the user's call
-    leave_graph_treatments(block, here)   # the block hook applies them to its graphs
     compute = target if here.low_precision else "float32"
+    leave_graph_treatments(block, here, compute if compute != "float32" else "")  # by the hook
     opaque = _cast_low_precision_blocks(low, target, compute, here.fp32_when)
     _install_casts(block, islands, compute, output_dtype)
     block._mxamp_o2_target = target

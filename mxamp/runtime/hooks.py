@@ -8,6 +8,7 @@
   generation, its input shapes are known while its graph is built, a graph with
   depthwise convolutions gets the plan's treatment (:mod:`mxamp.runtime.depthwise_graphs`), so
   does one with a global pooling into a convolution (:mod:`mxamp.runtime.pooling_graphs`),
+  a model ``cast_model`` cast loses its cast round trips (:mod:`mxamp.runtime.cast_folding`),
   and a graph without convolutions for the CPU frees backward's arrays promptly
   (:func:`mxamp.backend.graph_memory.backward_segment_flags`);
 * :func:`hook_imperative_depthwise`: the same treatment for a block that runs without
@@ -36,6 +37,7 @@ from mxamp.backend import graph_memory
 from mxamp.backend import mxnet_private as mxp
 from mxamp.backend.graphs import op_names
 from mxamp.runtime.addto import addto_names, building_block
+from mxamp.runtime.cast_folding import FOLD_ATTR, build_folded_graph
 from mxamp.runtime.casting import array_dtype, cast
 from mxamp.runtime.depthwise_graphs import (FLOAT32_GRAPH, IMPERATIVE_TREATMENTS,
                                             STEER_BATCHNORM, TREATMENT_ATTR,
@@ -174,6 +176,7 @@ def hook_block_graphs(depthwise_treatment=""):
                 with building_block(addto_names(block)):   # every trace below builds casts
                     build_depthwise_graph(block, args, _depthwise_treatment(block, args))
                     build_pooling_graph(block, args, _pooling_treatment(block, args))
+                    build_folded_graph(block, args, block.__dict__.get(FOLD_ATTR, ""))
                     with _backward_segments(block, args):
                         return original(block, *args)
             finally:
@@ -233,9 +236,11 @@ def _depthwise_treatment(block, args):
     return STATE.plan.cpu.depthwise_graphs if STATE.plan is not None else ""
 
 
-def leave_graph_treatments(block, dplan):
+def leave_graph_treatments(block, dplan, fold_round_trips_to=""):
     """Leave the graph treatments of ``dplan`` (a ``DevicePlan``) on ``block``, as
-    ``cast_model`` does: the block hook then gives them to its graphs whatever plan is in force.
+    ``cast_model`` does: the block hook then gives them to its graphs whatever plan is in force;
+    with ``fold_round_trips_to`` (O2's compute dtype) they fold the round trips to it
+    (:mod:`mxamp.runtime.cast_folding`).
 
     >>> from types import SimpleNamespace
     >>> net = mx.gluon.nn.Dense(2)
@@ -245,6 +250,7 @@ def leave_graph_treatments(block, dplan):
     """
     block.__dict__[TREATMENT_ATTR] = dplan.depthwise_graphs
     block.__dict__[POOLING_TREATMENT_ATTR] = dplan.pooling_graphs
+    block.__dict__[FOLD_ATTR] = fold_round_trips_to
 
 
 def _pooling_treatment(block, args):
