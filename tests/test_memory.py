@@ -365,7 +365,9 @@ def test_o2_finds_deferred_shapes_without_a_forward_pass(amp_off):
     with autograd.record():
         out = net(x)
     out.backward()
-    assert dtypes.name_of(net[0].weight.grad().dtype) == "bfloat16"
+    # the Dense layer: the stem convolution (3 channels) keeps float32 weights where its
+    # class trains it in float32 (tests/test_o2_layers.py)
+    assert dtypes.name_of(net[5].weight.grad().dtype) == "bfloat16"
 
 
 def test_each_thread_casts_into_its_own_workspace(amp_off):

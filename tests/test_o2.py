@@ -1,21 +1,19 @@
-"""O2 (amp.cast_model): which parameters are cast, fp32 islands, casts at the model's input and
+"""O2 (amp.cast_model): which parameters are cast, casts at the model's input and
 output, numpy-interface models, bad input, and a small ResNet-style bfloat16 model trained
-on real MNIST digits whose loss falls like float32's.
+on real MNIST digits whose loss falls like float32's (float32 islands and the layers the CPU
+class trains in float32: ``tests/test_o2_layers.py``).
 
 On a CPU without bfloat16 kernels (class 'none') cast_model('bfloat16') keeps bfloat16 parameters
 with float32 compute: parameter dtypes hold on every class, output dtypes and numerics follow the
 class (``cpu_class``). Error bounds: 1.3x-4x (mostly 3x, for AMX's other kernels) the worst
 measured on the Zen 4 as native, emulated and none (caps AVX512_CORE, AVX2); none on AMX."""
-import subprocess
-import sys
-import textwrap
 
 import mxnet as mx
 import numpy as np
 import pytest
 from mxnet.gluon import nn
 
-from bf16_expect import BF16_KERNELS, LOW_NAME, check_float32_casts, where
+from bf16_expect import BF16_KERNELS, CPU_CLASS, LOW_NAME, check_float32_casts, where
 from mxamp import amp, dtypes
 from mxamp.conversion.o2 import cast_model  # the facade's amp.cast_model
 
@@ -42,11 +40,11 @@ class Residual(nn.HybridBlock):
         return F.relu(self.body(x) + x)
 
 
-def small_resnet():
+def small_resnet(width=8):
     net = nn.HybridSequential()
     with net.name_scope():
-        net.add(nn.Conv2D(8, 3, strides=2, padding=1, use_bias=False), nn.BatchNorm(),
-                nn.Activation("relu"), Residual(8),
+        net.add(nn.Conv2D(width, 3, strides=2, padding=1, use_bias=False), nn.BatchNorm(),
+                nn.Activation("relu"), Residual(width),
                 nn.Conv2D(16, 3, strides=2, padding=1, use_bias=False), nn.BatchNorm(),
                 nn.Activation("relu"), Residual(16), nn.GlobalAvgPool2D(), nn.Dense(10))
     return net
@@ -157,7 +155,7 @@ def test_output_dtype_none_keeps_the_target_dtype(seed):
 
 
 def test_excluded_layers_by_object_class_and_name_stay_fp32(seed):
-    net = small_resnet()
+    net = small_resnet(width=16)   # net[4], 16 -> 16 channels: bfloat16 on every class
     net.initialize(mx.init.Xavier())
     x = mx.nd.random.uniform(shape=(2, 1, 28, 28))
     net(x)
@@ -216,38 +214,6 @@ def test_float16_casts_on_cpu_when_the_model_has_no_gemm(seed):
     out = net(x)   # float16 on a CPU computes float32 (device_plan's table); 0.5 is exact
     assert out.dtype == np.float32 and np.array_equal(out.asnumpy(), ref.asnumpy()), \
         "float16 O2 output differs from float32's by %g (measured: 0)" % rel_l2(out, ref)
-
-
-@pytest.mark.cpu_class
-def test_bf16_embedding_and_dropout_compute_in_fp32_islands():
-    # bf16 Embedding corrupts the heap on CPU: if it ever ran in bf16, only the child dies.
-    code = textwrap.dedent("""
-        import mxnet as mx, numpy as np
-        from mxnet.gluon import nn
-        from mxamp import dtypes
-        from mxamp.conversion.o2 import cast_model
-        mx.random.seed(3)
-        net = nn.HybridSequential()
-        net.add(nn.Embedding(50, 8), nn.Dropout(0.5), nn.Dense(4, flatten=False))
-        net.initialize(mx.init.Xavier())
-        ids = mx.nd.array([[1, 7, 49], [3, 3, 0]], dtype='int32')
-        ref = net(ids)
-        cast_model(net, 'bfloat16')
-        net.hybridize()
-        with mx.autograd.record():
-            out = net(ids)
-        out.backward()
-        print(dtypes.name_of(net[0].weight.dtype), dtypes.name_of(net[2].weight.dtype),
-              float(np.linalg.norm((net(ids) - ref).asnumpy()) / np.linalg.norm(ref.asnumpy())))
-    """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, "child failed:\n%s" % proc.stderr[-2000:]
-    emb, dense, err = proc.stdout.split()
-    assert (emb, dense) == ("float32", "bfloat16"), "Embedding fp32 / Dense bf16, got %s/%s" % (
-        emb, dense)
-    # Zen 4: 0.0025 on native and emulated, 0.0020 on none
-    assert float(err) < 0.0075, "Embedding model O2 error %s" % err
 
 
 def test_bad_input_raises_and_leaves_the_model_unchanged(seed):
@@ -323,7 +289,9 @@ def test_o2_bf16_resnet_trains_on_mnist_like_fp32():
     assert end16 < 0.6 * np.mean(bf16[:5]), "O2 bf16 loss did not fall: %s" % bf16[::10]
     assert abs(end16 - end32) < 0.25 * end32, \
         "O2 bf16 final loss %.3f vs fp32 %.3f (last 10 steps)" % (end16, end32)
-    assert (dtype_name(net[0].weight), dtype_name(net[1].gamma)) == ("bfloat16", "float32")
+    # the 1-channel stem trains in float32 without AMX: R_CONV_NOT_16, mxamp.lists.bfloat16
+    stem = "float32" if CPU_CLASS in ("native", "emulated") else "bfloat16"
+    assert (dtype_name(net[0].weight), dtype_name(net[1].gamma)) == (stem, "float32"), where()
     assert float(net[1].running_mean.data().abs().sum().asscalar()) > 0, \
         "BatchNorm running statistics must be updated during O2 training"
 

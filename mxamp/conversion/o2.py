@@ -2,7 +2,9 @@
 
 :func:`cast_model` does in one call what GluonCV's Faster/Mask R-CNN scripts do by hand with
 ``net.cast('float16')``: the parameters of every layer are cast to the target dtype, except
-normalisation layers and the layers the user excludes, which keep float32 parameters. Then:
+normalisation layers, the layers the user excludes and those the CPU class trains in float32
+whatever their data (by their channel counts: :mod:`mxamp.conversion.o2_layers`), which keep
+float32 parameters. Then:
 
 * BatchNorm (and SyncBatchNorm) takes low-precision data with its float32 gamma/beta/statistics
   directly (its CPU and GPU kernels accept the mix; measured for bfloat16 on CPU, both ways).
@@ -47,12 +49,13 @@ from mxamp.backend.devices import device_of
 from mxamp import dtypes
 from mxamp.precision import plan
 from mxamp.runtime.casting import cast
+from mxamp.conversion.o2_layers import (MIXED_INPUT_NORMS, cast_nested, fp32_compute,
+                                        fp32_island, fp32_where, layer_conditions,
+                                        trains_in_float32)
 from mxamp.runtime.depthwise_graphs import FLOAT32_GRAPH, TREATMENT_ATTR
-from mxamp.runtime.hooks import (building_input_shapes, fix_astype, hook_block_graphs,
-                                 leave_graph_treatments)
+from mxamp.runtime.hooks import fix_astype, hook_block_graphs, leave_graph_treatments
 from mxamp.errors import AmpArgumentError, as_input_tuple
 from mxamp.lists.float16 import NO_CPU_KERNEL, NO_CPU_KERNEL_WHY
-from mxamp.backend.graphs import symbol_data_shape
 from mxamp.conversion.graph import block_context
 from mxamp.backend.mxnet_private import (BlockView, ParamView, convolution_groups,
                                          to_default_layout)
@@ -60,8 +63,6 @@ from mxamp.runtime.state import STATE
 
 LOG = logging.getLogger(__name__)
 
-#: Layers whose parameters stay float32 and that take low-precision data as is.
-MIXED_INPUT_NORMS = (nn.BatchNorm, nn.BatchNormReLU)  # SyncBatchNorm subclasses BatchNorm
 #: Layers computed in float32 between casts, per target: normalisations without a
 #: mixed-dtype kernel, and (bfloat16) layers whose CPU kernel is missing or crashes.
 FP32_LAYERS = {
@@ -86,12 +87,6 @@ def cast_tensor(x, dtype_name):
     return cast(x, dtype_name)
 
 
-def _cast_nested(value, dtype_name):
-    if isinstance(value, (list, tuple)):
-        return type(value)(_cast_nested(v, dtype_name) for v in value)
-    return cast_tensor(value, dtype_name)
-
-
 def _cast_parameter(param, dtype_name):
     """Parameter.cast, but for every dtype and interface (``astype`` cannot make numpy bf16)."""
     view = ParamView(param)
@@ -111,77 +106,14 @@ def _cast_parameter(param, dtype_name):
             mx.autograd.mark_variables(view.data, view.grad, param.grad_req)
 
 
-def _fp32_island(block, target):
-    """Make ``block`` compute in float32 between casts: float32 in, ``target`` dtype out."""
-    inner = block.hybrid_forward if isinstance(block, HybridBlock) else block.forward
-
-    if isinstance(block, HybridBlock):
-        @functools.wraps(inner)
-        def hybrid_forward(F, *args, **params):
-            return _cast_nested(inner(F, *_cast_nested(args, "float32"), **params), target)
-        block.hybrid_forward = hybrid_forward
-    else:
-        @functools.wraps(inner)
-        def forward(*args):
-            return _cast_nested(inner(*_cast_nested(args, "float32")), target)
-        block.forward = forward
-
-
-def _fp32_compute(block):
-    """bfloat16 storage, float32 compute: ``block`` casts its inputs and parameters to float32.
-
-    For a CPU with no bfloat16 kernels. Only a HybridBlock's parameters can be intercepted (they
-    reach ``hybrid_forward`` as arguments); returns False for other blocks."""
-    if not isinstance(block, HybridBlock):
-        return False
-    inner = block.hybrid_forward
-
-    @functools.wraps(inner)
-    def hybrid_forward(F, *args, **params):
-        return _in_float32(inner, F, args, params)
-    block.hybrid_forward = hybrid_forward
-    return True
-
-
-def _in_float32(hybrid_forward, F, args, params, cast_params=True):
-    """``hybrid_forward`` called with its inputs and (unless told not to) parameters in float32."""
-    params = {k: cast(v, "float32") for k, v in params.items()} if cast_params else params
-    return hybrid_forward(F, *_cast_nested(args, "float32"), **params)
-
-
-def _layer_conditions(block, fp32_when):
-    """The conditions under which this CPU class computes ``block``'s op in float32 (a Gluon
-    layer names its op in ``_op_name`` and its parameters in ``_kwargs``)."""
-    op = "BatchNorm" if isinstance(block, MIXED_INPUT_NORMS) else getattr(block, "_op_name", None)
-    return fp32_when.get(op, ()) if op else ()
-
-
-def _fp32_where(block, conditions, target):
-    """Make ``block`` compute in float32 between casts on the calls where one of
-    ``conditions`` holds (its shapes are seen at call time, or inferred while a hybridized
-    graph is built; unknown shapes count as the condition says)."""
-    inner = block.hybrid_forward
-    attrs = dict(getattr(block, "_kwargs", {}))
-
-    @functools.wraps(inner)
-    def hybrid_forward(F, x, *args, **params):
-        shape = x.shape if isinstance(x, mx.nd.NDArray) else symbol_data_shape(x, building_input_shapes())
-        if not any(c.holds(attrs, shape, mx.autograd.is_recording()) for c in conditions):
-            return inner(F, x, *args, **params)
-        # a normalisation layer's parameters are float32 (its statistics mutable variables)
-        fp32 = _in_float32(inner, F, (x,) + args, params, not isinstance(block, MIXED_INPUT_NORMS))
-        return _cast_nested(fp32, target)
-    block.hybrid_forward = hybrid_forward
-
-
 def _model_boundary(block, target, output_dtype):
     """Cast float inputs to the target where they enter the model, outputs where they leave."""
     inner = block.forward
 
     @functools.wraps(inner)
     def forward(*args):
-        out = inner(*_cast_nested(args, target))
-        return out if output_dtype is None else _cast_nested(out, output_dtype)
+        out = inner(*cast_nested(args, target))
+        return out if output_dtype is None else cast_nested(out, output_dtype)
     block.forward = forward
 
 
@@ -346,15 +278,18 @@ def _cast_low_precision_blocks(low, target, compute, fp32_when):
     ``fp32_when`` holds); return the names of those that cannot be wrapped (not hybrid)."""
     opaque = []
     for lp_block in low:
+        conditions = layer_conditions(lp_block, fp32_when) if compute != "float32" else ()
+        rules = conditions if isinstance(lp_block, HybridBlock) else ()
+        keep = isinstance(lp_block, MIXED_INPUT_NORMS) or (
+            bool(rules) and trains_in_float32(lp_block, rules))  # float32 parameters
         float_params = [p for p in BlockView(lp_block).own_params.values()
-                        if dtypes.is_float(p.dtype) and not isinstance(lp_block, MIXED_INPUT_NORMS)]
+                        if dtypes.is_float(p.dtype) and not keep]
         for param in float_params:
             _cast_parameter(param, target)
-        if float_params and compute == "float32" and not _fp32_compute(lp_block):
+        if float_params and compute == "float32" and not fp32_compute(lp_block):
             opaque.append(lp_block.name)
-        conditions = _layer_conditions(lp_block, fp32_when)
-        if conditions and compute != "float32" and isinstance(lp_block, HybridBlock):
-            _fp32_where(lp_block, conditions, compute)
+        if rules:
+            fp32_where(lp_block, rules, compute, float32_params=keep)
     return opaque
 
 
@@ -362,7 +297,7 @@ def _install_casts(block, islands, compute, output_dtype):
     """Wrap the float32 islands and the model's boundary in casts, and drop cached graphs so
     that the next call builds them with the casts."""
     for island in islands:
-        _fp32_island(island, compute)
+        fp32_island(island, compute)
     _model_boundary(block, compute, output_dtype)
     hook_block_graphs(block.__dict__.get(TREATMENT_ATTR))  # shapes for _fp32_where; treatment
     fix_astype()  # outputs kept in bfloat16 (output_dtype=None) convert with astype
