@@ -168,19 +168,24 @@ def block():
                 nn.BatchNorm(in_channels=64), nn.Activation("relu"),
                 nn.Conv2D(64, 1, in_channels=64, use_bias=False), nn.BatchNorm(in_channels=64))
     net.initialize(mx.init.Xavier())
+    if sys.argv[1] == "o2":
+        net = amp.cast_model(net, "bfloat16", example_inputs=batch())
     net.hybridize()
     return net
 
 SHUFFLE = sys.argv[2:] == ["shuffle"]
 
+def batch():
+    return mx.nd.random.uniform(shape=(2, 240, 14, 14) if SHUFFLE else (2, 64, 14, 14))
+
 def step(net):
-    x = mx.nd.random.uniform(shape=(2, 240, 14, 14) if SHUFFLE else (2, 64, 14, 14))
+    x = batch()
     with autograd.record():
         y = net(x)
     y.backward(mx.nd.ones_like(y))
     mx.nd.waitall()
 
-if sys.argv[1] == "amp":
+if sys.argv[1] in ("amp", "o2"):
     from mxamp import amp
     amp.init("bfloat16")
 step(block())
@@ -190,7 +195,7 @@ step(block())
 def _batchnorm_kernels(mode, unit=""):
     """(implementation, data dtype) of each BatchNorm primitive one training step of a ResNeXt
     bottleneck (``unit`` 'shuffle': a ShuffleNet V1 unit) ran, from oneDNN's verbose output;
-    ``mode`` 'fp32' (MXNet alone) or 'amp'."""
+    ``mode`` 'fp32' (MXNet alone), 'amp' or 'o2' (``amp.cast_model`` too)."""
     run = subprocess.run([sys.executable, "-c", GROUPED_SCRIPT, mode, unit], capture_output=True,
                          text=True, timeout=300, env=dict(os.environ, DNNL_VERBOSE="1"))
     assert run.returncode == 0, run.stderr[-2000:]
@@ -272,6 +277,11 @@ def test_float32_batchnorm_at_grouped_convolutions_leaves_the_reference_kernel()
     under_amp = _batchnorm_kernels("amp", "shuffle")
     assert [dtype for _, dtype in under_amp] == ["f32"] * 4, under_amp
     assert not any(impl.startswith("bnorm_ref") for impl, _ in under_amp), (under_amp, where())
+    # O2 as well: its casts around these float32 layers fold, and the float32 BatchNorms get
+    # the same treatment (folding after it handed them 4-channel blocks again: ShuffleNet V1)
+    under_o2 = _batchnorm_kernels("o2", "shuffle")
+    assert [dtype for _, dtype in under_o2] == ["f32"] * 4, under_o2
+    assert not any(impl.startswith("bnorm_ref") for impl, _ in under_o2), (under_o2, where())
 
 
 @pytest.mark.cpu_class

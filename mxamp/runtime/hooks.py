@@ -174,9 +174,10 @@ def hook_block_graphs(depthwise_treatment=""):
             try:
                 _weights_to_default_layout(block)
                 with building_block(addto_names(block)):   # every trace below builds casts
+                    # first: the treatments then see the dtypes the folded graph computes in
+                    build_folded_graph(block, args, block.__dict__.get(FOLD_ATTR, ""))
                     build_depthwise_graph(block, args, _depthwise_treatment(block, args))
                     build_pooling_graph(block, args, _pooling_treatment(block, args))
-                    build_folded_graph(block, args, block.__dict__.get(FOLD_ATTR, ""))
                     with _backward_segments(block, args):
                         return original(block, *args)
             finally:
