@@ -89,6 +89,28 @@ def test_a_value_leaving_for_a_bfloat16_reader_is_rounded_where_it_leaves():
     assert total == float32_total
 
 
+def test_a_batchnorm_reading_a_rounding_computes_in_float32_and_rounds_after():
+    """A BatchNorm (float32 parameters, any data dtype) reading a rounded float32 value: the
+    folded graph computes it on the float32 value and rounds its output, so the output is
+    bit for bit MXNet's float32 BatchNorm rounded to bfloat16, in the same dtype."""
+    def graph(data):
+        names = ("gamma", "beta", "mean", "var")
+        return mx.sym.BatchNorm(data, *[mx.sym.var(n, dtype="float32") for n in names],
+                                fix_gamma=False, name="bn")
+    with_casts = graph(_down(_exp_x()))
+    folded = fold_round_trips(with_casts, "bfloat16")
+    assert _ops(folded) == ["null", "_mul_scalar", "exp", "null", "null", "null", "null",
+                            "BatchNorm", "amp_cast"], _ops(folded)
+    assert folded.infer_type(x="float32")[1] == with_casts.infer_type(x="float32")[1]
+    args = {"x": X, "gamma": mx.nd.ones((4,)) * 1.5, "beta": mx.nd.ones((4,)) * 0.25}
+    aux = {"mean": mx.nd.zeros((4,)), "var": mx.nd.ones((4,))}
+
+    def forward(sym):
+        out = sym.bind(mx.cpu(), args, aux_states=dict(aux)).forward(is_train=True)[0]
+        return mx.nd.amp_cast(out, dtype="float32").asnumpy()
+    assert np.array_equal(forward(folded), forward(_down(graph(_exp_x()))))
+
+
 def test_graphs_without_round_trips_come_back_unchanged():
     """A rounding whose values only reach bfloat16 readers, and a bfloat16 variable widened
     for a float32 operator (an O2 weight), are not round trips: the graph is returned as is."""
@@ -106,6 +128,8 @@ def test_casts_to_the_dtype_a_value_has_are_dropped():
     folded = fold_round_trips(graph, "bfloat16")
     assert "amp_cast" not in _ops(folded), _ops(folded)
     assert _run(folded, X)[0] == _run(graph, X)[0]
+    # one that is a graph output stays: an output remains an operator's, not an input
+    assert _ops(fold_round_trips(mx.sym.Group([graph, _up(x)]), "bfloat16")).count("amp_cast") == 1
 
 
 class _ShuffleUnit(mx.gluon.HybridBlock):

@@ -290,17 +290,20 @@ def test_o2_batchnorm_off_16_channel_blocks_trains_in_float32():
     one with 24 channels (off the blocks: its bfloat16 data is plain, which oneDNN trains on
     ``ncsp_bnorm``, GRID_SCRIPT's raw fact) gets float32 data in a training graph, straight
     from the convolution before it (24 filters: float32 there too, no round trip between);
-    one with 32 channels gets bfloat16. On 'amx' both get bfloat16; on 'none', where the
-    model computes in float32, both float32. The dtypes come from MXNet's type inference."""
+    so does the 32-channel one after a convolution from those 24 channels (float32 by its
+    input channels: its output is not rounded for the BatchNorm); the one after a 32 -> 32
+    convolution gets bfloat16. On 'amx' all get bfloat16; on 'none', where the model
+    computes in float32, all float32. The dtypes come from MXNet's type inference."""
     from mxnet.gluon import nn
     mx.random.seed(0)
     net = nn.HybridSequential()
-    net.add(nn.Conv2D(24, 3, padding=1, in_channels=16), nn.BatchNorm(in_channels=24),
-            nn.Conv2D(32, 3, padding=1, in_channels=24), nn.BatchNorm(in_channels=32))
+    for cin, cout in ((16, 24), (24, 32), (32, 32)):
+        net.add(nn.Conv2D(cout, 3, padding=1, in_channels=cin), nn.BatchNorm(in_channels=cout))
     net.initialize()
     nodes = trained_graph_nodes(net, (2, 16, 8, 8), o2=True)
-    expected = {"native": ["float32", "bfloat16"], "emulated": ["float32", "bfloat16"],
-                "amx": ["bfloat16", "bfloat16"], "none": ["float32", "float32"]}[CPU_CLASS]
+    expected = {"native": ["float32", "float32", "bfloat16"],
+                "emulated": ["float32", "float32", "bfloat16"],
+                "amx": ["bfloat16"] * 3, "none": ["float32"] * 3}[CPU_CLASS]
     assert data_dtypes(nodes, "BatchNorm") == expected, where()
     first_bn = next(n for n in nodes if n["op"] == "BatchNorm")
     if CPU_CLASS in ("native", "emulated"):
