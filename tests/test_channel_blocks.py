@@ -20,7 +20,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from trained_graphs import data_dtypes, trained_graph_nodes
+from trained_graphs import O2_GRAPH_INPUT, data_dtypes, trained_graph_nodes
 from bf16_expect import BF16_KERNELS, CPU_CLASS, where
 from mxamp import amp
 from mxamp.dtypes import BFLOAT16
@@ -304,7 +304,7 @@ def test_o2_batchnorm_off_16_channel_blocks_trains_in_float32():
     expected = {"native": ["float32", "float32", "bfloat16"],
                 "emulated": ["float32", "float32", "bfloat16"],
                 "amx": ["bfloat16"] * 3, "none": ["float32"] * 3}[CPU_CLASS]
-    assert data_dtypes(nodes, "BatchNorm") == expected, where()
+    assert data_dtypes(nodes, "BatchNorm", O2_GRAPH_INPUT) == expected, where()
     first_bn = next(n for n in nodes if n["op"] == "BatchNorm")
     if CPU_CLASS in ("native", "emulated"):
         assert nodes[first_bn["inputs"][0][0]]["op"] == "Convolution", (first_bn, where())

@@ -6,6 +6,7 @@ import numpy
 import mxnet as mx
 from mxnet import autograd
 
+from bf16_expect import CPU_CLASS
 from mxamp import amp
 
 
@@ -24,6 +25,11 @@ def trained_graph_nodes(net, data_shape, o2=False):
         return json.loads(net._cached_graph[1].tojson(remove_amp_cast=False))["nodes"]
     finally:
         amp.reset()
+
+
+#: The dtype of the data a ``cast_model('bfloat16')`` graph takes: the model casts its input
+#: to the dtype it computes in, float32 on 'none' (no bfloat16 kernels; mxamp/conversion/o2.py)
+O2_GRAPH_INPUT = "float32" if CPU_CLASS == "none" else "bfloat16"
 
 
 def data_dtypes(nodes, op, graph_input_dtype="bfloat16"):
