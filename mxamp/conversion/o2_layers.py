@@ -23,7 +23,7 @@ import mxnet as mx
 from mxnet.gluon import HybridBlock, nn
 
 from mxamp.backend.graphs import symbol_data_shape
-from mxamp.backend.mxnet_private import BlockView
+from mxamp.backend.mxnet_private import BlockView, convolution_groups
 from mxamp.lists.conditions import normalize_value
 from mxamp.runtime.casting import cast
 from mxamp.runtime.hooks import building_input_shapes
@@ -94,8 +94,7 @@ def _in_channels(block):
     weight = params.get("weight")
     if weight is None or not weight.shape or len(weight.shape) < 2 or not weight.shape[1]:
         return None
-    groups = normalize_value(getattr(block, "_kwargs", {}).get("num_group", 1))
-    return weight.shape[1] * (groups if isinstance(groups, int) else 1)
+    return weight.shape[1] * convolution_groups(block)
 
 
 def trains_in_float32(block, conditions):

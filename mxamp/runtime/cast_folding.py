@@ -24,12 +24,11 @@ what float32 would), and the folded graph holds less: no rounded copy beside its
 """
 import json
 
-import mxnet as mx
 
 from mxamp import dtypes
 from mxamp.backend import mxnet_private as mxp
 from mxamp.lists import get_op_lists
-from mxamp.runtime.graph_edits import data_dtypes, input_dtypes
+from mxamp.runtime.graph_edits import consumers_of, data_dtypes, input_dtypes, symbol_of
 
 #: Where ``cast_model`` leaves the dtype whose round trips its model's graphs fold.
 FOLD_ATTR = "_mxamp_fold_round_trips"
@@ -79,10 +78,7 @@ def _stretches(graph, rounding, widening, foldable):
         elif node["op"] in foldable and node["inputs"] and \
                 all(e[0] in reaches for e in node["inputs"]):
             reaches.add(i)
-    consumers = {}
-    for i, node in enumerate(nodes):
-        for e in node["inputs"]:
-            consumers.setdefault(e[0], []).append(i)
+    consumers = consumers_of(nodes)
     useful = set(sinks)
     for i in reversed(range(len(nodes))):
         if i in reaches and any(c in widening or (c in useful and c not in rounding)
@@ -150,11 +146,7 @@ def _load(graph, nodes, heads, like):
     renumber = {old: new for new, old in enumerate(sorted(keep))}
     kept = [dict(nodes[i], inputs=[[renumber[e[0]]] + list(e[1:]) for e in nodes[i]["inputs"]])
             for i in sorted(keep)]
-    out = dict(graph, nodes=kept, heads=[[renumber[h[0]]] + list(h[1:]) for h in heads],
-               arg_nodes=[i for i, n in enumerate(kept) if n["op"] == "null"])
-    out.pop("node_row_ptr", None)
-    rebuilt = mx.sym.load_json(json.dumps(out))
-    return rebuilt.as_np_ndarray() if isinstance(like, mxp.NumpySymbol) else rebuilt
+    return symbol_of(graph, kept, [[renumber[h[0]]] + list(h[1:]) for h in heads], like)
 
 
 def build_folded_graph(block, args, target):

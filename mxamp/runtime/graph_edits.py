@@ -80,12 +80,22 @@ def with_nodes_around(sym, before=None, after=None, graph=None):
         spec = after(old_id, node) if after else None
         if spec:
             read_after[old_id] = added(spec, [new_id[old_id], 0, 0])
-    graph["nodes"] = nodes
-    graph["arg_nodes"] = [i for i, n in enumerate(nodes) if n["op"] == "null"]
-    graph["heads"] = [entry(h) for h in graph["heads"]]
-    graph.pop("node_row_ptr", None)
-    rebuilt = mx.sym.load_json(json.dumps(graph))
-    return rebuilt.as_np_ndarray() if isinstance(sym, mxp.NumpySymbol) else rebuilt
+    return symbol_of(graph, nodes, [entry(h) for h in graph["heads"]], sym)
+
+
+def symbol_of(graph, nodes, heads, like):
+    """The Symbol of an edited ``graph`` (parsed JSON) with ``nodes`` and ``heads``, loaded by
+    MXNet's own ``load_json``, in ``like``'s interface (legacy or numpy).
+
+    >>> x = mx.sym.var('x'); graph = json.loads(mx.sym.relu(x).tojson())
+    >>> symbol_of(graph, graph['nodes'][:1], [[0, 0, 0]], x).name
+    'x'
+    """
+    edited = dict(graph, nodes=nodes, heads=heads,
+                  arg_nodes=[i for i, n in enumerate(nodes) if n["op"] == "null"])
+    edited.pop("node_row_ptr", None)
+    rebuilt = mx.sym.load_json(json.dumps(edited))
+    return rebuilt.as_np_ndarray() if isinstance(like, mxp.NumpySymbol) else rebuilt
 
 
 def input_dtypes(inputs, args):
