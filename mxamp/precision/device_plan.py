@@ -25,7 +25,9 @@ depthwise block measured bfloat16 slower than float32, the whole graph computes 
 (``FLOAT32_GRAPH``). Graphs with a global pooling that feeds a convolution (squeeze-excitation
 gates) get theirs (:attr:`DevicePlan.pooling_graphs`, :mod:`mxamp.runtime.pooling_graphs`): on
 ``native`` and ``emulated``, a Reshape before that pooling or a float32 ``mean`` in its place
-keeps its backward, and the BatchNorm's before it, off oneDNN's reference kernels.
+keeps its backward, and the BatchNorm's before it, off oneDNN's reference kernels. There too,
+a ReLU6 after a BatchNorm (MobileNet V2) is computed without MXNet's branching ``clip`` kernel
+(:attr:`DevicePlan.clip_graphs`, :mod:`mxamp.runtime.clip_graphs`).
 
 Where a plan computes in float32, AMP stays on: ``amp.init_trainer``'s scaler still skips
 steps with non-finite gradients, and a model behaves, bit for bit, as in float32.
@@ -46,6 +48,7 @@ from mxamp.backend.probe import MIN_SPEEDUP, known_result, machine_probe, probe_
 from mxamp.errors import AmpArgumentError
 from mxamp.lists.bfloat16 import FP32_ON_EVERY_CPU
 from mxamp.lists.float16 import NO_CPU_KERNEL_WHY
+from mxamp.runtime.clip_graphs import BRANCH_FREE_RELU6
 from mxamp.runtime.depthwise_graphs import (FLOAT32_BATCHNORM_AT_GROUPS, FLOAT32_GRAPH,
                                             STEER_BATCHNORM)
 from mxamp.runtime.pooling_graphs import STEER_POOLING
@@ -74,6 +77,8 @@ class DevicePlan:
     depthwise_graphs: str = ""
     #: what a graph with a global pooling into a convolution gets here: '' or STEER_POOLING
     pooling_graphs: str = ""
+    #: what a graph with a ReLU6 after a BatchNorm gets here: '' or BRANCH_FREE_RELU6
+    clip_graphs: str = ""
 
     @property
     def low_precision(self):
@@ -104,7 +109,8 @@ class DevicePlan:
         ... # doctest: +NORMALIZE_WHITESPACE
         target_dtype='bfloat16' on a CPU of class 'native': bfloat16 compute (AVX512-BF16);
         graphs with grouped or depthwise convolutions: float32 BatchNorm at grouped convolutions;
-        global average pooling into convolutions steered off reference kernels
+        global average pooling into convolutions steered off reference kernels;
+        ReLU6 after BatchNorm computed without branches
         """
         where = "a GPU" if self.device == GPU else "a CPU of class %r" % self.device
         what = self.summary()
@@ -112,8 +118,9 @@ class DevicePlan:
             what = "float32 compute (%s)" % self.reason
         if self.depthwise_graphs:
             what += "; graphs with grouped or depthwise convolutions: %s" % self.depthwise_graphs
-        if self.pooling_graphs:
-            what += "; " + self.pooling_graphs
+        for treatment in (self.pooling_graphs, self.clip_graphs):
+            if treatment:
+                what += "; " + treatment
         return "target_dtype=%r on %s: %s" % (self.requested, where, what)
 
 
@@ -199,7 +206,8 @@ def device_plan(requested, lists, device, float32_because=""):
     depthwise = _depthwise_treatment(requested, device, compute, measured)
     return DevicePlan(requested=requested, target=lists.target, device=device, compute=compute,
                       fp32_ops=fp32_ops, reason=reason, fp32_when=fp32_when,
-                      depthwise_graphs=depthwise, pooling_graphs=_pooling_treatment(device, compute))
+                      depthwise_graphs=depthwise, pooling_graphs=_pooling_treatment(device, compute),
+                      clip_graphs=_clip_treatment(device, compute))
 
 
 def _depthwise_treatment(requested, device, compute, measured):
@@ -231,6 +239,19 @@ def _pooling_treatment(device, compute):
     if compute == "float32" or device not in ("native", "emulated"):
         return ""
     return STEER_POOLING
+
+
+def _clip_treatment(device, compute):
+    """The treatment of graphs with a ReLU6 after a BatchNorm: computed without branches where
+    bfloat16 computes without AMX (measured there), else '' (AMX: not measured yet; GPU: MXNet's
+    CUDA ``clip`` does not branch per element on a predictor).
+
+    >>> _clip_treatment('emulated', 'bfloat16'), _clip_treatment('native', 'float32')
+    ('ReLU6 after BatchNorm computed without branches', '')
+    """
+    if compute == "float32" or device not in ("native", "emulated"):
+        return ""
+    return BRANCH_FREE_RELU6
 
 
 # --------------------------------------------------------------------------------- notices

@@ -1,8 +1,9 @@
 """Edits of a Symbol's graph JSON that the graph treatments share: a node inserted before or
 after others (:func:`with_nodes_around`), who reads each node (:func:`consumers_of`), and the
 dtype of a node's data (:func:`data_dtypes`, given the block's :func:`input_dtypes`), the
-block's input shapes under Gluon's names (:func:`graph_input_shapes`) and the steering Reshape
-the treatments put before a node (:func:`layout_reshape`).
+block's input shapes under Gluon's names (:func:`graph_input_shapes`), the steering Reshape
+the treatments put before a node (:func:`layout_reshape`), and an edit given to the graph a
+block is building (:func:`edit_block_graph`).
 
 The treatments (:mod:`mxamp.runtime.depthwise_graphs`, :mod:`mxamp.runtime.pooling_graphs`)
 decide where; this module only edits. An edited graph is loaded back with MXNet's own
@@ -96,6 +97,17 @@ def symbol_of(graph, nodes, heads, like):
     edited.pop("node_row_ptr", None)
     rebuilt = mx.sym.load_json(json.dumps(edited))
     return rebuilt.as_np_ndarray() if isinstance(like, mxp.NumpySymbol) else rebuilt
+
+
+def edit_block_graph(block, args, edit):
+    """Give the graph ``block`` builds for ``args`` (the graph another treatment left, or a
+    fresh trace) the edit ``edit(sym, inputs)`` returns, before MXNet builds its cached op from
+    it; an edit that returns ``sym`` itself leaves the graph as it is."""
+    view = mxp.BlockView(block)
+    inputs, out = view.trace(*args)
+    edited = edit(out, inputs)
+    if edited is not out:
+        view.cached_graph = (inputs, edited)
 
 
 def input_dtypes(inputs, args):

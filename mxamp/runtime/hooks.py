@@ -7,7 +7,8 @@
 * :func:`hook_block_graphs`: a hybridized block rebuilds a graph built under another AMP
   generation, its input shapes are known while its graph is built, a graph with
   depthwise convolutions gets the plan's treatment (:mod:`mxamp.runtime.depthwise_graphs`), so
-  does one with a global pooling into a convolution (:mod:`mxamp.runtime.pooling_graphs`),
+  does one with a global pooling into a convolution (:mod:`mxamp.runtime.pooling_graphs`)
+  and one with a ReLU6 after a BatchNorm (:mod:`mxamp.runtime.clip_graphs`),
   a model ``cast_model`` cast loses its cast round trips (:mod:`mxamp.runtime.cast_folding`),
   and a graph without convolutions for the CPU frees backward's arrays promptly
   (:func:`mxamp.backend.graph_memory.backward_segment_flags`);
@@ -38,6 +39,8 @@ from mxamp.backend import mxnet_private as mxp
 from mxamp.backend.graphs import op_names
 from mxamp.runtime.addto import addto_names, building_block
 from mxamp.runtime.cast_folding import FOLD_ATTR, build_folded_graph
+from mxamp.runtime.clip_graphs import TREATMENT_ATTR as CLIP_TREATMENT_ATTR
+from mxamp.runtime.clip_graphs import build_clip_graph
 from mxamp.runtime.casting import array_dtype, cast
 from mxamp.runtime.depthwise_graphs import (FLOAT32_GRAPH, IMPERATIVE_TREATMENTS,
                                             STEER_BATCHNORM, TREATMENT_ATTR,
@@ -178,6 +181,7 @@ def hook_block_graphs(depthwise_treatment=""):
                     build_folded_graph(block, args, block.__dict__.get(FOLD_ATTR, ""))
                     build_depthwise_graph(block, args, _depthwise_treatment(block, args))
                     build_pooling_graph(block, args, _pooling_treatment(block, args))
+                    build_clip_graph(block, args, _clip_treatment(block, args))
                     with _backward_segments(block, args):
                         return original(block, *args)
             finally:
@@ -228,13 +232,9 @@ def _backward_segments(block, args):
 
 
 def _depthwise_treatment(block, args):
-    """The treatment of graphs with depthwise convolutions for a block called on the CPU: the one
-    ``cast_model`` left on it, else the plan in force's."""
-    if not _called_on_cpu(args):
-        return ""
-    if TREATMENT_ATTR in block.__dict__:
-        return block.__dict__[TREATMENT_ATTR]
-    return STATE.plan.cpu.depthwise_graphs if STATE.plan is not None else ""
+    """The treatment of graphs with depthwise convolutions
+    (:mod:`mxamp.runtime.depthwise_graphs`) for a block called on the CPU."""
+    return _cpu_treatment(block, args, TREATMENT_ATTR, "depthwise_graphs")
 
 
 def leave_graph_treatments(block, dplan, fold_round_trips_to=""):
@@ -245,23 +245,36 @@ def leave_graph_treatments(block, dplan, fold_round_trips_to=""):
 
     >>> from types import SimpleNamespace
     >>> net = mx.gluon.nn.Dense(2)
-    >>> leave_graph_treatments(net, SimpleNamespace(depthwise_graphs='', pooling_graphs='x'))
-    >>> _pooling_treatment(net, (mx.nd.ones((1, 2)),))
-    'x'
+    >>> leave_graph_treatments(net, SimpleNamespace(depthwise_graphs='', pooling_graphs='x',
+    ...                                             clip_graphs='y'))
+    >>> _pooling_treatment(net, (mx.nd.ones((1, 2)),)), _clip_treatment(net, (mx.nd.ones(1),))
+    ('x', 'y')
     """
     block.__dict__[TREATMENT_ATTR] = dplan.depthwise_graphs
     block.__dict__[POOLING_TREATMENT_ATTR] = dplan.pooling_graphs
+    block.__dict__[CLIP_TREATMENT_ATTR] = dplan.clip_graphs
     block.__dict__[FOLD_ATTR] = fold_round_trips_to
 
 
-def _pooling_treatment(block, args):
-    """The treatment of graphs with a global pooling into a convolution for a block called on
-    the CPU: the one ``cast_model`` left on it, else the plan in force's."""
+def _cpu_treatment(block, args, attr, field):
+    """A graph treatment for a block called on the CPU: the one ``cast_model`` left on it
+    (``attr``), else the plan in force's (its CPU plan's ``field``)."""
     if not _called_on_cpu(args):
         return ""
-    if POOLING_TREATMENT_ATTR in block.__dict__:
-        return block.__dict__[POOLING_TREATMENT_ATTR]
-    return STATE.plan.cpu.pooling_graphs if STATE.plan is not None else ""
+    if attr in block.__dict__:
+        return block.__dict__[attr]
+    return getattr(STATE.plan.cpu, field) if STATE.plan is not None else ""
+
+
+def _pooling_treatment(block, args):
+    """The treatment of graphs with a global pooling into a convolution
+    (:mod:`mxamp.runtime.pooling_graphs`)."""
+    return _cpu_treatment(block, args, POOLING_TREATMENT_ATTR, "pooling_graphs")
+
+
+def _clip_treatment(block, args):
+    """The treatment of graphs with a ReLU6 after a BatchNorm (:mod:`mxamp.runtime.clip_graphs`)."""
+    return _cpu_treatment(block, args, CLIP_TREATMENT_ATTR, "clip_graphs")
 
 
 _DEPTHWISE_LAYER_ATTR = "_mxamp_has_depthwise_layer"

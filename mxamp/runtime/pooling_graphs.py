@@ -48,10 +48,10 @@ compares them).
 import ast
 import json
 
-from mxamp.backend import mxnet_private as mxp
 from mxamp.backend.graphs import data_shapes_of
-from mxamp.runtime.graph_edits import (consumers_of, data_dtypes, graph_input_shapes,
-                                       input_dtypes, layout_reshape, with_nodes_around)
+from mxamp.runtime.graph_edits import (consumers_of, data_dtypes, edit_block_graph,
+                                       graph_input_shapes, input_dtypes, layout_reshape,
+                                       with_nodes_around)
 
 #: Global average pooling into convolutions steered (see the module's docstring).
 STEER_POOLING = "global average pooling into convolutions steered off reference kernels"
@@ -154,10 +154,6 @@ def steer_global_pooling(sym, known_inputs=None, known_shapes=None):
 def build_pooling_graph(block, args, treatment):
     """Give the graph ``block`` builds for ``args`` (after any other treatment of it)
     ``treatment``, before MXNet builds its cached op from it."""
-    if treatment != STEER_POOLING:
-        return
-    view = mxp.BlockView(block)
-    inputs, out = view.trace(*args)   # the graph another treatment left, or a fresh trace
-    treated = steer_global_pooling(out, input_dtypes(inputs, args), graph_input_shapes(args))
-    if treated is not out:
-        view.cached_graph = (inputs, treated)
+    if treatment == STEER_POOLING:
+        edit_block_graph(block, args, lambda out, inputs: steer_global_pooling(
+            out, input_dtypes(inputs, args), graph_input_shapes(args)))
