@@ -126,14 +126,18 @@ def test_convolutions_off_16_channel_blocks_compute_in_float32():
 def test_channel_grid_speed_rule_decisions(forced_class, cls):
     """Checks decisions only (the class forced by ``forced_class``): a dense or pointwise
     convolution with input or output channels off oneDNN's 16-channel blocks (a stem's 3
-    too) trains in float32 on the classes without AMX; for inference, on a multiple of 16,
-    a grouped convolution, an unknown shape or on 'amx' it stays in bfloat16."""
+    too) trains in float32 on the classes without AMX, natively up to 255 channels (the table's
+    measurements: from 256 on bfloat16 gains), emulated at any count; for inference, on a
+    multiple of 16, a grouped convolution, an unknown shape or on 'amx' it stays in bfloat16."""
     forced_class(cls)
     amp.init("bfloat16")
     rule_here = cls != "amx"
     cases = [((8, 24, 28, 28), dict(kernel=(1, 1), num_filter=144), rule_here),
              ((8, 96, 28, 28), dict(kernel=(1, 1), num_filter=24), rule_here),
              ((8, 3, 224, 224), dict(kernel=(7, 7), num_filter=64), rule_here),
+             ((8, 232, 14, 14), dict(kernel=(1, 1), num_filter=232), rule_here),
+             ((8, 728, 14, 14), dict(kernel=(1, 1), num_filter=728), cls == "emulated"),
+             ((8, 64, 14, 14), dict(kernel=(1, 1), num_filter=728), cls == "emulated"),
              ((8, 64, 56, 56), dict(kernel=(3, 3), num_filter=64), False),
              ((8, 128, 28, 28), dict(kernel=(3, 3), num_filter=128, num_group=32), False),
              (None, dict(kernel=(3, 3), num_filter=24), False)]
