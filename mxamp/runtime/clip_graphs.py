@@ -54,14 +54,15 @@ FLOOR_SUFFIX = "_mxamp_floor"
 _LOW = ("bfloat16", "float16")
 
 
-def _bounds(node):
-    """(a_min, a_max) of a clip whose bounds are finite and ordered, else None."""
+def _has_finite_bounds(node):
+    """True for a clip whose bounds are finite and ordered (not mxamp's own (-inf, inf) clip
+    of ``depthwise_graphs``)."""
     attrs = node.get("attrs", {})
     try:
         low, high = float(attrs["a_min"]), float(attrs["a_max"])
     except (KeyError, ValueError):
-        return None
-    return (low, high) if math.isfinite(low) and math.isfinite(high) and low <= high else None
+        return False
+    return math.isfinite(low) and math.isfinite(high) and low <= high
 
 
 def _is_cast(node, to):
@@ -89,7 +90,7 @@ def relu6_to_rewrite(graph, known_inputs):
     consumers = consumers_of(nodes)
     wanted = {}     # clip index -> (node whose data dtype decides, the dtypes it must be)
     for i, node in enumerate(nodes):
-        if node["op"] != "clip" or not _bounds(node):
+        if node["op"] != "clip" or not _has_finite_bounds(node):
             continue
         data = node["inputs"][0]
         source = nodes[data[0]]
