@@ -336,10 +336,11 @@ _CONV_NOT_16 = ((_TRAINING_DENSE + (("in_channels", ("!%16",)),), False, R_CONV_
 # Natively, bfloat16's GEMM gains grow with the channel count and the layout costs do not: from
 # 256 channels on, gemm:jit in bfloat16 beats float32's 8-channel kernels by more than its
 # plain layout costs. Two Xception-like units (ReLU, depthwise 3x3, pointwise, BatchNorm; C in,
-# C out, batch 8 at 14x14, one process a row, median ms, Zen 4): C=120 float32 15.5, rule 14.3,
-# bfloat16 17.2; C=232 48.9, 42.3, 42.4 (at 28x28: 169, 177, 182); C=296 at 28x28 261, 273,
-# 244; C=360 108, 91, 78; C=488 148, 160, 120; C=600 228, 229, 176; C=728 325-335, 339-355,
-# 256-276. Emulated bfloat16 loses there too (C=488: 170, 172, 461) and keeps the rule whole.
+# C out, batch 8 at 14x14, one process a row, median ms, Zen 4, one OpenMP thread): C=120
+# float32 15.5, rule 14.3, bfloat16 17.2; C=232 48.9, 42.3, 42.4 (at 28x28: 169, 177, 182);
+# C=296 at 28x28 261, 273, 244; C=360 108, 91, 78; C=488 148, 160, 120; C=600 228, 229, 176;
+# C=728 325-335, 339-355, 256-276; with two threads C=728 195-213, 202-206, 130-140. Emulated
+# bfloat16 loses there too (C=488: 170, 172, 461) and keeps the rule whole.
 R_CONV_NOT_16_NATIVE = R_CONV_NOT_16 + "; up to 255 channels (from 256 on bfloat16 gains)"
 _CONV_NOT_16_NATIVE = (
     (_TRAINING_DENSE + (("in_channels", ("!%16",)), ("in_channels", ("<=255",))), False,

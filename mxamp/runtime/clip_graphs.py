@@ -6,23 +6,26 @@ Why: MXNet 1.9.1's ``clip`` is a generic CPU kernel that takes a branch per elem
 ``a_max``, below ``a_min``, or neither). A BatchNorm's outputs fall below 0 about half the time
 in no order, so the branch is mispredicted about every other element. Forward on a plain
 float32 8x96x56x56 array of such values (median ms, Zen 4, ``benchmark/bench_relu6.py``):
-``clip`` 19.7, the pair (compiled without branches) 10.3. ``clip`` stays float32 under AMP (its
-bfloat16 kernel is 2.8x slower still: ``lists/bfloat16.py``), so this is the cost of MobileNet
-V2's step in both precisions: 138 of 235 ms under ``amp.init('bfloat16')``
+``clip`` 19.7, the pair (compiled without branches) 10.3 with one OpenMP thread; 10.7 and 5.9
+with two. ``clip`` stays float32 under AMP (its bfloat16 kernel is 2.8x slower still:
+``lists/bfloat16.py``), so this is the cost of MobileNet V2's step in both precisions: 138 of
+235 ms under ``amp.init('bfloat16')`` with one thread, 78 of 222 with two
 (``benchmark/profile_step.py survey_mobilenetv2_1_0 mxamp``). On values that rarely reach a
-bound ``clip`` is the faster one (4.0 against 12.0 ms at mean 3, as MobileNetV3's hard sigmoid
-``clip(x + 3, 0, 6)`` sees them), so only a BatchNorm's output is rewritten.
+bound ``clip`` is the faster one (4.0 against 12.0 ms at mean 3 with one thread, 2.0 against
+3.2 with two, as MobileNetV3's hard sigmoid ``clip(x + 3, 0, 6)`` sees them), so only a
+BatchNorm's output is rewritten.
 
 Why only beside mxamp's casts: MXNet's scalar ops write their input gradient in place over the
 gradient that arrived, which keeps oneDNN's blocked layout (``aBcd8b`` from a 1x1
 convolution's backward). A float32 BatchNorm reading that gradient directly, with its data in
 ``aBcd16b``, runs oneDNN's reference backward kernel (``bnorm_ref``): two inverted residual
-units trained in 378-398 ms a step with the pair in float32 against 65-73 with ``clip``
-(``bench_relu6.py``; MXNet's ``relu`` does the same). Where one of mxamp's casts stands between
-the BatchNorm and the pair, or between the pair and its readers, the gradient's layout comes
-from the cast and the BatchNorm stays on the jit kernel: the same units under
-``amp.init('bfloat16')`` took 39-47 ms, 59-82 with ``clip``, and no ``bnorm_ref`` ran (native
-and emulated, ``tests/test_clip_graphs.py``).
+units trained in 378-398 ms a step with the pair in float32 against 65-73 with ``clip`` (one
+thread; 199-214 against 37-39 with two: ``bench_relu6.py``; MXNet's ``relu`` does the same).
+Where one of mxamp's casts stands between the BatchNorm and the pair, or between the pair and
+its readers, the gradient's layout comes from the cast and the BatchNorm stays on the jit
+kernel: the same units under ``amp.init('bfloat16')`` took 39-47 ms against 59-82 with
+``clip`` (one thread), 26-29 against 36-43 (two), and no ``bnorm_ref`` ran (native and
+emulated, ``tests/test_clip_graphs.py``).
 
 Values: the pair equals ``clip`` on every finite input, forward and backward; NaN stays NaN
 forward. Only the sign of a zero can differ (``clip`` keeps -0.0, the pair gives +0.0; a
