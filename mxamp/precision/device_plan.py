@@ -243,8 +243,8 @@ def _pooling_treatment(device, compute):
 
 def _clip_treatment(device, compute):
     """The treatment of graphs with a ReLU6 after a BatchNorm: computed without branches where
-    bfloat16 computes without AMX (measured there), else '' (AMX: not measured yet; GPU: MXNet's
-    CUDA ``clip`` does not branch per element on a predictor).
+    bfloat16 computes without AMX (measured there), else '' (AMX: not measured yet; GPU: the
+    cost is a CPU branch predictor's, and the rewrite's layout reasoning is oneDNN's).
 
     >>> _clip_treatment('emulated', 'bfloat16'), _clip_treatment('native', 'float32')
     ('ReLU6 after BatchNorm computed without branches', '')

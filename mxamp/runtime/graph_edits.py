@@ -5,9 +5,9 @@ block's input shapes under Gluon's names (:func:`graph_input_shapes`), the steer
 the treatments put before a node (:func:`layout_reshape`), and an edit given to the graph a
 block is building (:func:`edit_block_graph`).
 
-The treatments (:mod:`mxamp.runtime.depthwise_graphs`, :mod:`mxamp.runtime.pooling_graphs`)
-decide where; this module only edits. An edited graph is loaded back with MXNet's own
-``load_json``, so MXNet checks it like any other.
+The treatments (:mod:`mxamp.runtime.depthwise_graphs`, :mod:`mxamp.runtime.pooling_graphs`,
+:mod:`mxamp.runtime.clip_graphs`) decide where; this module only edits. An edited graph is
+loaded back with MXNet's own ``load_json``, so MXNet checks it like any other.
 
 >>> import mxnet as mx
 >>> y = mx.sym.relu(mx.sym.var('x'), name='r')

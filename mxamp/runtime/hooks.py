@@ -39,9 +39,9 @@ from mxamp.backend import mxnet_private as mxp
 from mxamp.backend.graphs import op_names
 from mxamp.runtime.addto import addto_names, building_block
 from mxamp.runtime.cast_folding import FOLD_ATTR, build_folded_graph
+from mxamp.runtime.casting import array_dtype, cast
 from mxamp.runtime.clip_graphs import TREATMENT_ATTR as CLIP_TREATMENT_ATTR
 from mxamp.runtime.clip_graphs import build_clip_graph
-from mxamp.runtime.casting import array_dtype, cast
 from mxamp.runtime.depthwise_graphs import (FLOAT32_GRAPH, IMPERATIVE_TREATMENTS,
                                             STEER_BATCHNORM, TREATMENT_ATTR,
                                             build_depthwise_graph, has_depthwise_layer,
