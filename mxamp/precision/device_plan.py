@@ -236,9 +236,7 @@ def _pooling_treatment(device, compute):
     >>> _pooling_treatment('native', 'bfloat16'), _pooling_treatment('amx', 'bfloat16')
     ('global average pooling into convolutions steered off reference kernels', '')
     """
-    if compute == "float32" or device not in ("native", "emulated"):
-        return ""
-    return STEER_POOLING
+    return _where_measured(device, compute, STEER_POOLING)
 
 
 def _clip_treatment(device, compute):
@@ -249,9 +247,13 @@ def _clip_treatment(device, compute):
     >>> _clip_treatment('emulated', 'bfloat16'), _clip_treatment('native', 'float32')
     ('ReLU6 after BatchNorm computed without branches', '')
     """
-    if compute == "float32" or device not in ("native", "emulated"):
-        return ""
-    return BRANCH_FREE_RELU6
+    return _where_measured(device, compute, BRANCH_FREE_RELU6)
+
+
+def _where_measured(device, compute, treatment):
+    """``treatment`` where bfloat16 computes on a class the graph treatments were measured on
+    (``native``, ``emulated``), else ''."""
+    return treatment if compute != "float32" and device in ("native", "emulated") else ""
 
 
 # --------------------------------------------------------------------------------- notices

@@ -12,8 +12,9 @@ Zen 4), and O2 trained it at 0.68x float32.
 :func:`fold_round_trips` computes such a stretch in float32: the rounding at its entry moves to
 the places where its values leave for an operator that takes the target dtype, and the widening
 casts go. A BatchNorm reading a rounding ends a stretch: it computes on the float32 value (its
-kernels take either dtype beside float32 parameters) and its output is rounded. The values computed change only by the roundings removed (the folded stretch computes
-what float32 would), and the folded graph holds less: no rounded copy beside its float32 value.
+kernels take either dtype beside float32 parameters) and its output is rounded. The values
+computed change only by the roundings removed (the folded stretch computes what float32
+would), and the folded graph holds less: no rounded copy beside its float32 value.
 
 >>> import mxnet as mx
 >>> from mxamp.runtime.casting import cast
@@ -23,7 +24,6 @@ what float32 would), and the folded graph holds less: no rounded copy beside its
 ['null', 'exp', 'relu']
 """
 import json
-
 
 from mxamp import dtypes
 from mxamp.backend import mxnet_private as mxp
