@@ -42,7 +42,8 @@ from mxamp.conversion.graph import (ConvertedBlock, block_context,  # noqa: F401
                                     inference_block, trace_graph)
 from mxamp.backend.mxnet_private import BucketingView, NumpySymbol
 from mxamp.backend.graphs import CAST_OPS, graph_nodes, op_names, param_dtypes
-from mxamp.conversion.precision_pass import conditional_fp32_nodes, reduce_precision
+from mxamp.conversion.precision_pass import (conditional_fp32_nodes, reduce_precision,
+                                             shared_params_kept_float32)
 
 _LOG = logging.getLogger(__name__)
 
@@ -97,9 +98,12 @@ def _convert(sym, lists, excluded, data_names, cast_optional_params, fp32_output
     for op in lists.conditional_fp32:
         by_base.setdefault(lists.base_category(op), set()).add(op)
     excluded = sorted(set(excluded) | conditional_fp32_nodes(sym, lists, known_shapes))
+    low_precision = set(lists.low_precision) | by_base.get("low_precision", set())
+    if cast_optional_params:   # a weight read in two precisions stays float32 (tied weights)
+        data_names = list(data_names) + sorted(shared_params_kept_float32(
+            sym, set(sym.list_inputs()) - set(data_names), low_precision, excluded))
     converted = reduce_precision(
-        sym, lists.target, low_precision=set(lists.low_precision) | by_base.get("low_precision",
-                                                                                set()),
+        sym, lists.target, low_precision=low_precision,
         fp32=set(lists.fp32) | set(unlisted) | by_base.get("fp32", set()),
         widest=set(lists.widest) | by_base.get("widest", set()), conditional_fp32=None,
         excluded=excluded, data_names=data_names, cast_params=bool(cast_optional_params))

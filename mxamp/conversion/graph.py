@@ -15,7 +15,8 @@ from mxnet.gluon import SymbolBlock
 from mxamp.errors import as_input_tuple
 from mxamp.backend.mxnet_private import BlockView, ParamView
 from mxamp.runtime.casting import cast
-from mxamp.runtime.hooks import dropped_graph_inputs, graph_is_stale
+from mxamp.runtime.hooks import dropped_graph_inputs, graph_holds_amp_casts
+from mxamp.runtime.patches import operators_unpatched
 from mxamp.backend.graphs import param_dtypes
 from mxamp.backend.heap import release_before_first_call
 
@@ -74,7 +75,8 @@ class ConvertedBlock(SymbolBlock):
 def trace_graph(block, example_inputs=None):
     """(input symbols, output symbol) of a HybridBlock, running it once on example input if needed.
 
-    A block that is not hybridized is traced symbolically and left as it was.
+    A block that is not hybridized is traced symbolically and left as it was. The graph is
+    float32's, without AMP's casts, even where ``amp.init`` is in force.
 
     >>> net = mx.gluon.nn.Dense(2, in_units=3, prefix='fc_')
     >>> net.initialize()
@@ -88,42 +90,45 @@ def trace_graph(block, example_inputs=None):
         with mx.autograd.pause():
             block(*example_inputs)  # completes deferred initialisation; caches the graph
         if not view.cached_graph:  # not hybridized: trace symbolically, leave no trace
-            graph = view.trace(*example_inputs)
-            view.cached_graph = ()
-            return graph
+            return _traced(view, example_inputs)
     dropped = dropped_graph_inputs(block)
     if not view.cached_graph and dropped is not None:
         # amp.reset() dropped the graph this block built under AMP: trace it again, float32
-        graph = view.trace(*dropped)
-        view.cached_graph = ()
-        return graph
+        return _traced(view, dropped)
     if not view.cached_graph:
         raise RuntimeError(
             "%s has no graph yet (a block's graph is recorded at its first forward pass after "
             "hybridize()): pass example_inputs=<a batch of input>, or call block.hybridize() "
             "and block(x) once first" % type(block).__name__)
-    if graph_is_stale(block):
+    if graph_holds_amp_casts(block):
         return _retraced(view)
     return view.cached_graph
 
 
-def _retraced(view):
-    """The graph of a block whose cached one was built under another AMP generation (an
-    ``amp.init`` since reset, ``amp.tune``'s candidates): that graph holds the generation's
-    casts, and converting it casts twice (ResNet-50: 279 casts instead of 89, 1.7x slower).
-    Traced again from ``hybrid_forward`` on the same inputs; the block keeps its own graph
-    (mxamp's block hook rebuilds it at its next call)."""
-    stale = view.cached_graph
+def _traced(view, inputs):
+    """The block's graph traced from ``hybrid_forward`` on ``inputs`` with MXNet's own
+    operators (AMP's wrappers out meanwhile); the block keeps the graph it had."""
+    kept = view.cached_graph
     view.cached_graph = ()
     try:
-        return view.trace(*stale[0])
+        with operators_unpatched():
+            return view.trace(*inputs)
+    finally:
+        view.cached_graph = kept
+
+
+def _retraced(view):
+    """The graph of a block whose cached one was built under AMP (``amp.init``, in force or
+    not, ``amp.tune``'s candidates): that graph holds AMP's casts, and converting it casts
+    twice (ResNet-50: 279 casts instead of 89, 1.7x slower). Traced again from
+    ``hybrid_forward`` on the same inputs."""
+    try:
+        return _traced(view, view.cached_graph[0])
     except Exception as err:  # noqa: BLE001 - nested inputs the flat symbols cannot regroup
         _LOG.warning("mxamp: could not trace %s again (%s); converting the graph it built "
-                     "under an earlier amp.init, casts included. Pass example_inputs=<a batch> "
-                     "to convert a fresh one.", type(view.obj).__name__, err)
-        return stale
-    finally:
-        view.cached_graph = stale
+                     "under amp.init, casts included. Pass example_inputs=<a batch> to "
+                     "convert a fresh one.", type(view.obj).__name__, err)
+        return view.cached_graph
 
 
 def block_context(block):

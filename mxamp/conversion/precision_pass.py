@@ -97,3 +97,33 @@ def conditional_fp32_nodes(sym, lists, known_shapes=None):
     return {n["name"] for n in candidates
             if any(c.holds(n.get("attrs", {}), shapes.get(n["name"]), False)
                    for c in rules[n["op"]])}
+
+
+def shared_params_kept_float32(sym, params, low_precision, excluded=()):
+    """Names among ``params`` that several nodes read, not all of them low-precision ops
+    outside ``excluded``: tied weights (an Embedding and the output layer), a weight shared
+    with an excluded layer. With ``cast_params`` MXNet's pass types such a parameter in the
+    target for one reader and float32 for the other, and the graph fails its type inference
+    ("Incompatible attr ... expected bfloat16, got float32"); passed to it as data, the
+    parameter stays float32 and is cast once, in the graph, for its low-precision readers.
+
+    >>> import mxnet as mx
+    >>> w = mx.sym.var('w')
+    >>> e = mx.sym.Embedding(mx.sym.var('data'), weight=w, input_dim=8, output_dim=4)
+    >>> out = mx.sym.FullyConnected(e, weight=w, num_hidden=8, no_bias=True, flatten=False)
+    >>> shared_params_kept_float32(out, {'w'}, low_precision={'FullyConnected'})
+    {'w'}
+    >>> shared_params_kept_float32(out, {'w'}, low_precision={'FullyConnected', 'Embedding'})
+    set()
+    """
+    nodes = graph_nodes(sym)
+    readers = {}
+    for index, node in enumerate(nodes):
+        for source in node.get("inputs", []):
+            readers.setdefault(source[0], {})[index] = node
+    low_precision, excluded = set(low_precision), set(excluded)
+    return {node["name"] for index, node in enumerate(nodes)
+            if node["op"] == "null" and node["name"] in params
+            and len(readers.get(index, {})) > 1
+            and not all(r["op"] in low_precision and r["name"] not in excluded
+                        for r in readers[index].values())}

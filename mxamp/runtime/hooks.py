@@ -360,14 +360,15 @@ def record_input_shapes():
     setattr(HybridBlock, mxp.BLOCK_BUILD_METHOD, build_cache)
 
 
-def graph_is_stale(block):
-    """True when ``block``'s cached graph was built under another AMP generation (another
-    ``amp.init``, ``amp.tune``'s candidates): it holds that generation's casts.
+def graph_holds_amp_casts(block):
+    """True when ``block``'s cached graph was built while mxamp's block hook was installed
+    (under ``amp.init``, ``cast_model`` or ``amp.tune``'s candidates, the one in force too):
+    it holds that generation's casts.
 
-    >>> graph_is_stale(mx.gluon.nn.Dense(2))
+    >>> graph_holds_amp_casts(mx.gluon.nn.Dense(2))
     False
     """
-    return block.__dict__.get(_GENERATION_ATTR, STATE.generation) != STATE.generation
+    return _GENERATION_ATTR in block.__dict__
 
 
 def drop_amp_graphs():

@@ -17,6 +17,7 @@ original back, newest first, and leaves nothing of mxamp in MXNet.
 True
 """
 import collections
+import contextlib
 
 from mxamp.runtime.state import STATE
 
@@ -90,3 +91,35 @@ def undo_all():
             else:
                 setattr(patch.owner, patch.attribute, patch.original)
         STATE.replaced, STATE.replaced_keys = [], set()
+
+
+@contextlib.contextmanager
+def operators_unpatched():
+    """A region where MXNet's operator functions are its own again: ``amp.init``'s wrappers
+    are taken out on entry and put back on exit (where nobody re-bound them meanwhile). For
+    tracing a graph without AMP's casts while AMP is in force (``convert_hybrid_block``).
+    Process-wide, as the patch is: another thread's operator calls inside run unwrapped.
+
+    >>> import types
+    >>> owner = types.SimpleNamespace(f=len)
+    >>> owner.f = abs; record([(owner, 'f', len, abs)], 'operator')
+    >>> with operators_unpatched():
+    ...     owner.f is len
+    True
+    >>> owner.f is abs
+    True
+    >>> undo_all()
+    """
+    with STATE.lock:
+        restored = []
+        for owner, attribute, original, replacement in (
+                c for kind, batch in STATE.replaced if kind == "operator" for c in batch):
+            if original is not _MISSING and vars(owner).get(attribute) is replacement:
+                setattr(owner, attribute, original)
+                restored.append((owner, attribute, original, replacement))
+        try:
+            yield
+        finally:
+            for owner, attribute, original, replacement in reversed(restored):
+                if vars(owner).get(attribute) is original:
+                    setattr(owner, attribute, replacement)
