@@ -100,11 +100,15 @@ def test_kvstore_configurations_that_cannot_skip_are_refused_or_fixed():
         amp.init_trainer(gluon.Trainer([sparse], "sgd", kvstore="local"))
 
 
-def test_running_local_kvstore_is_moved_off_with_its_states():
-    """load_states (or a step) before init_trainer already started update_on_kvstore=True."""
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_running_local_kvstore_is_moved_off_with_its_states(optimizer):
+    """load_states (or a step) before init_trainer already started update_on_kvstore=True.
+    Adam reads each weight's update count, which the kvstore kept on the one device that
+    updated the weight: before the counts moved too, cpu(1) restarted its bias correction
+    at 1 and the two contexts' weights parted at the first step after the move."""
     net, ref = make_net(CPU2), make_net(CPU2)
-    trainer = make_trainer(net, kvstore="device")
-    ref_trainer = make_trainer(ref, kvstore="device", update_on_kvstore=False)
+    trainer = make_trainer(net, optimizer, kvstore="device")
+    ref_trainer = make_trainer(ref, optimizer, kvstore="device", update_on_kvstore=False)
     train_step(net, trainer, CPU2, use_amp=False)
     train_step(ref, ref_trainer, CPU2, use_amp=False)
     assert trainer._update_on_kvstore, "precondition: updates run inside the kvstore"
@@ -117,8 +121,10 @@ def test_running_local_kvstore_is_moved_off_with_its_states():
         train_step(ref, ref_trainer, CPU2, seed=seed, use_amp=False)
     # power-of-two scales unscale exactly: the runs agree bit for bit (measured, every class)
     for name, p in net.collect_params().items():
-        assert np.array_equal(p.data().asnumpy(), ref.collect_params()[name].data().asnumpy()), \
-            "momentum must carry over: %s differs" % name
+        for ctx in CPU2:
+            assert np.array_equal(p.data(ctx).asnumpy(),
+                                  ref.collect_params()[name].data(ctx).asnumpy()), \
+                "%s's states and counts must carry over: %s differs on %s" % (optimizer, name, ctx)
 
 
 def test_unscale_once_then_clip_sees_true_gradients():

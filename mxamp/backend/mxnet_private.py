@@ -10,6 +10,9 @@ functions. :data:`PRIVATE_NAMES` lists every private name used;
 ``tests/test_structure.py`` checks each against the installed MXNet and names any that
 is missing, and checks that no other module of mxamp touches one.
 
+Why over 400 lines: it is the one home of every private name mxamp uses, so it grows with
+what mxamp hooks; split, the check above would have two homes to keep.
+
 >>> import mxnet as mx
 >>> p = mx.gluon.Parameter('w', shape=(2,)); p.initialize()
 >>> t = mx.gluon.Trainer([p], 'sgd', kvstore=None)
@@ -200,6 +203,23 @@ def restore_update_count(optimizer, index, counted):
 
 
 _uses("mxnet.optimizer.Optimizer", "_index_update_count")
+
+
+def share_update_counts(optimizer, device_ids):
+    """Give each of ``device_ids`` every weight's update count, the highest any device has:
+    a kvstore counts each weight on the one device that updated it, per-device updaters
+    count on their own (Adam's bias correction reads it)."""
+    counts = optimizer._all_index_update_counts
+    merged = {}
+    for per_device in counts.values():
+        for index, count in per_device.items():
+            merged[index] = max(count, merged.get(index, count))
+    for device_id in device_ids:
+        counts[device_id] = dict(merged)
+    optimizer._set_current_context(device_ids[0])   # the current count is one of these dicts
+
+
+_uses("mxnet.optimizer.Optimizer", "_all_index_update_counts")
 
 
 # ----------------------------------------------------------------------------------- views

@@ -32,7 +32,7 @@ import mxnet as mx
 
 from mxamp.backend import env
 from mxamp.errors import AmpArgumentError
-from mxamp.backend.mxnet_private import KVStoreView, ParamView, TrainerView
+from mxamp.backend.mxnet_private import KVStoreView, ParamView, TrainerView, share_update_counts
 
 __all__ = ["backend", "before_first_step", "gather", "any_worker", "check_scaler_in_sync"]
 
@@ -133,6 +133,8 @@ def _move_updates_off_kvstore(view):
     for updater in view.updaters:
         updater.set_states(states)
         updater.optimizer = view.optimizer
+    # each context's updater counts its own updates: all continue from the kvstore's count
+    share_update_counts(view.optimizer, sorted({c.device_id for c in view.contexts}))
     view.kvstore_params["update_on_kvstore"] = False
     view.reset_kvstore()
     LOG.info("mxamp: moved optimizer states out of the %r kvstore; the trainer now updates "
