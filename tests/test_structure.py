@@ -217,7 +217,7 @@ def _live_objects():
         "mxnet.optimizer.Optimizer": mx.optimizer.SGD(),
         "mxnet.gluon.Trainer": trainer, "mxnet.kvstore.KVStore": mx.kv.create("local"),
         "mxnet.gluon.HybridBlock": block, "mxnet.gluon.Parameter": p,
-        "mxnet.module.BucketingModule": bucketing,
+        "mxnet.module.BucketingModule": bucketing, "mxnet.ndarray.NDArray": mx.nd.ones((1,)),
     }
 
 

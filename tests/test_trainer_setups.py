@@ -4,6 +4,8 @@ moved off the kvstore, with their states), unscaling before clipping, checkpoint
 the scale and its counters, and GluonCV's action-recognition order on a device kvstore (split
 from ``test_trainer.py``, whose helpers these tests share).
 """
+import warnings
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -212,3 +214,74 @@ def test_gluoncv_recognizer_order_on_device_kvstore(tmp_path):
         assert np.array_equal(resumed_net.collect_params()[name].data().asnumpy(),
                               p.data().asnumpy()), \
             "resumed run must continue like the original: %s differs" % name
+
+
+class _TwoBranches(gluon.Block):
+    """Two Dense layers; ``branch`` says which one the forward uses (a routed model)."""
+
+    def __init__(self):
+        super().__init__()
+        with self.name_scope():
+            self.a = gluon.nn.Dense(3, in_units=4)
+            self.b = gluon.nn.Dense(3, in_units=4)
+        self.branch = "a"
+
+    def forward(self, x):
+        return getattr(self, self.branch)(x)
+
+
+def _branch_step(net, trainer, x, branch, use_amp, ignore_stale_grad=True):
+    net.branch = branch
+    with mx.autograd.record():
+        loss = net(x).sum()
+        if use_amp:
+            with amp.scale_loss(loss, trainer) as scaled:
+                mx.autograd.backward(scaled)
+        else:
+            loss.backward()
+    trainer.step(x.shape[0], ignore_stale_grad=ignore_stale_grad)
+
+
+def test_a_skipped_branch_does_not_skip_later_steps_that_leave_it_out():
+    """One batch with NaN through branch b, then clean batches through branch a only
+    (``ignore_stale_grad=True``, as routed models train). The skipped step's gradients count
+    as used: branch a trains as in float32, bit for bit (float32 compute, bfloat16's static
+    scale 1.0), and the skip warns once, naming b's weight, at the caller's line. Before,
+    b's NaN gradient stayed "fresh" and was checked at every step: all later steps skipped,
+    silently."""
+    nets = []
+    for use_amp in (True, False):
+        mx.random.seed(3)
+        net = _TwoBranches()
+        net.initialize(mx.init.Xavier())
+        trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+        if use_amp:
+            amp.init_trainer(trainer, target_dtype="bfloat16")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _branch_step(net, trainer, mx.nd.full((2, 4), float("nan")), "b", use_amp)
+        for seed in range(3):
+            x = mx.nd.array(np.random.RandomState(seed).randn(2, 4))
+            _branch_step(net, trainer, x, "a", use_amp)
+        nets.append((net, trainer, caught))
+    (amp_net, amp_trainer_, caught), (ref_net, _, _) = nets
+    scaler = amp.loss_scaler(amp_trainer_)
+    assert scaler.skipped_steps == 1, "only the NaN step is skipped"
+    assert np.array_equal(amp_net.a.weight.data().asnumpy(), ref_net.a.weight.data().asnumpy())
+    messages = [w for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1 and amp_net.b.weight.name in str(messages[0].message), messages
+    assert messages[0].filename == __file__, "the warning points at the caller's step()"
+
+
+def test_a_skipped_step_leaves_stale_gradients_to_mxnet_as_an_applied_one_does():
+    """Without ``ignore_stale_grad``, a step whose model left a parameter out raises MXNet's
+    stale-gradient error after a skipped step just as after an applied one."""
+    net = _TwoBranches()
+    net.initialize()
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+    amp.init_trainer(trainer, target_dtype="bfloat16")
+    net.branch = "b"
+    with pytest.warns(RuntimeWarning, match="static loss scale"):
+        _branch_step(net, trainer, mx.nd.full((2, 4), float("nan")), "b", True, False)
+    with pytest.raises(UserWarning, match="has not been updated by backward"):
+        _branch_step(net, trainer, mx.nd.ones((2, 4)), "a", True, False)

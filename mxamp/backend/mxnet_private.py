@@ -205,6 +205,24 @@ def restore_update_count(optimizer, index, counted):
 _uses("mxnet.optimizer.Optimizer", "_index_update_count")
 
 
+def has_fresh_grad(data):
+    """True when backward wrote the gradient of parameter array ``data`` since the last step
+    (``Trainer.step`` updates only those with ``ignore_stale_grad=True``, else it raises)."""
+    return bool(data._fresh_grad)
+
+
+def consume_fresh_grads(params):
+    """Mark the gradients of ``params`` as used, as ``Trainer.step`` does for those it applies:
+    a skipped step's gradients are not fresh at the next step."""
+    for param in params:
+        if param.grad_req != "null" and ParamView(param).data is not None:
+            for data in param.list_data():
+                data._fresh_grad = False
+
+
+_uses("mxnet.ndarray.NDArray", "_fresh_grad")
+
+
 def share_update_counts(optimizer, device_ids):
     """Give each of ``device_ids`` every weight's update count, the highest any device has:
     a kvstore counts each weight on the one device that updated it, per-device updaters

@@ -66,7 +66,8 @@ StepOutcome.__doc__ = """What :meth:`LossScaler.update` decided for one step.
 
 skipped: the step had non-finite gradients and must not be applied.
 old_scale / new_scale: the scale before and after the decision (equal when unchanged).
-stuck_at_min_scale: an overflow happened while the scale already sat at ``min_scale``.
+stuck_at_min_scale: an overflow happened while the scale cannot go lower: it already sat at
+``min_scale``, or it is static (``dynamic=False``: bfloat16's 1.0).
 """
 
 #: The options a scaler keeps besides its scale (every field of ScalerConfig but init_scale).
@@ -181,6 +182,8 @@ class LossScaler:
                 if self.overflows_since_change >= self.hysteresis:
                     stuck = old <= self.min_scale
                     self._change(max(old * self.backoff_factor, self.min_scale), "overflow")
+            else:   # a static scale never lowers: non-finite gradients are not its doing
+                stuck = True
         else:
             self.clean_steps += 1
             if self.dynamic and self.clean_steps >= self.growth_interval:

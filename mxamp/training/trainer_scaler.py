@@ -126,9 +126,11 @@ class TrainerScaler:
     def has_overflow(self, params):
         """Check all gradients of ``params``; True means: skip this step (called by MXNet).
 
-        Every context's gradient of every parameter whose ``grad_req`` is not ``'null'`` is
-        checked in one pass with one host synchronisation. Parameters are named only on
-        skipped steps.
+        Every context's gradient of every parameter whose ``grad_req`` is not ``'null'`` and
+        that backward wrote since the last step (MXNet updates no other; a branch left unused
+        keeps its last gradient) is checked in one pass with one host synchronisation.
+        Parameters are named only on skipped steps, whose gradients count as consumed, as an
+        applied step's do.
 
         >>> import mxnet as mx
         >>> p = mx.gluon.Parameter('w', shape=(2,)); p.initialize()
@@ -139,25 +141,32 @@ class TrainerScaler:
             if not self.skip_nonfinite:
                 self.scaler.update(False)
                 return False
-            grads, owners = trainable_grads(params)
+            grads, owners = trainable_grads(params, fresh_only=True)
             report = self.checker.check(grads)
             outcome = self.scaler.update(report.has_nonfinite)
             if outcome.skipped:
                 self.nonfinite_params = sorted({owners[i] for i in report.bad_indices})
+                mxp.consume_fresh_grads(params)
                 LOG.info("mxamp: step skipped, non-finite gradients in %s (loss scale %g)",
                          ", ".join(self.nonfinite_params), outcome.old_scale)
                 if outcome.stuck_at_min_scale and not self._warned_at_min_scale:
                     self._warned_at_min_scale = True
-                    warnings.warn(
-                        "mxamp: gradients still overflow at min_scale=%g, so steps keep being "
-                        "skipped; non-finite gradients in: %s. Look for Inf/NaN in the loss "
-                        "or lower min_scale in amp.init_trainer." % (
-                            self.scaler.min_scale, ", ".join(self.nonfinite_params)),
-                        RuntimeWarning, stacklevel=3)
+                    # stacklevel 4: has_overflow <- Trainer._update <- Trainer.step <- the user's call
+                    warnings.warn(self._stuck_message(), RuntimeWarning, stacklevel=4)
             if outcome.new_scale != outcome.old_scale:
                 LOG.info("mxamp: loss scale %g -> %g (%s)", outcome.old_scale,
                          outcome.new_scale, "overflow" if outcome.skipped else "growth")
             return outcome.skipped
+
+    def _stuck_message(self):
+        where = ", ".join(self.nonfinite_params)
+        if not self.scaler.dynamic:
+            return ("mxamp: non-finite gradients at the static loss scale %g (which never "
+                    "lowers), step skipped; in: %s. Look for Inf/NaN in the inputs or the loss."
+                    % (self.scaler.scale, where))
+        return ("mxamp: gradients still overflow at min_scale=%g, so steps keep being "
+                "skipped; non-finite gradients in: %s. Look for Inf/NaN in the loss "
+                "or lower min_scale in amp.init_trainer." % (self.scaler.min_scale, where))
 
     # ----- checkpoints -----
     def state_dict(self):
@@ -193,8 +202,9 @@ class TrainerScaler:
         return "TrainerScaler(target=%s, %r)" % (self.target_dtype, self.scaler)
 
 
-def trainable_grads(params):
-    """Every context's gradient of the parameters with ``grad_req != 'null'``, with owners.
+def trainable_grads(params, fresh_only=False):
+    """Every context's gradient of the parameters with ``grad_req != 'null'``, with owners;
+    with ``fresh_only``, those backward wrote since the last step (what a step updates).
 
     Returns ``(grads, owner_names)`` of equal length; a parameter whose gradient is not
     allocated yet is left out.
@@ -208,7 +218,9 @@ def trainable_grads(params):
     for param in params:
         if param.grad_req == "null" or mxp.ParamView(param).grad is None:
             continue
-        for grad in param.list_grad():
+        for data, grad in zip(param.list_data(), param.list_grad()):
+            if fresh_only and not mxp.has_fresh_grad(data):
+                continue
             grads.append(grad)
             owners.append(param.name)
     return grads, owners
