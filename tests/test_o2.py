@@ -366,3 +366,24 @@ def test_o2_with_patching_routes_ops_without_bf16_kernels(amp_off):
     err = np.linalg.norm(got.asnumpy() - want) / np.linalg.norm(want)
     # Zen 4: 0.0017 on native and emulated, 0.0015 on none
     assert err < 0.005, "O2 attention with batch_dot/LayerNorm must match fp32, rel err %g" % err
+
+
+def test_a_model_on_two_contexts_saves_and_loads_its_own_dtypes(seed, tmp_path):
+    """``save_parameters`` averages each parameter over its contexts, ``add_n(...) / 2``;
+    under the amp.init that cast_model puts in force, that division of bfloat16 values
+    computes in float32, and the file held float32 weights that ``load_parameters`` refused
+    ("dtype incompatible"). Each parameter is saved in its own dtype now; the two contexts
+    hold the same values, so the saved ones equal them exactly."""
+    ctx = [mx.cpu(0), mx.cpu(1)]
+    net = nn.Dense(4, in_units=8)
+    net.initialize(mx.init.Xavier(), ctx=ctx)
+    amp.cast_model(net, "bfloat16")   # puts amp.init in force where bfloat16 computes
+    fname = str(tmp_path / "o2.params")
+    net.save_parameters(fname)
+    saved = mx.nd.load(fname)
+    for name, param in net._collect_params_with_prefix().items():
+        assert dtypes.name_of(saved[name].dtype) == dtypes.name_of(param.dtype), (
+            name, saved[name].dtype, param.dtype)
+        assert np.array_equal(saved[name].astype("float32").asnumpy(),
+                              param.data(ctx[1]).astype("float32").asnumpy()), name
+    net.load_parameters(fname, ctx=ctx)

@@ -386,6 +386,8 @@ class BlockView(_View):
 BLOCK_CALL_METHOD = "_call_cached_op"
 #: The HybridBlock method that builds the cached graph (once per graph, not per call).
 BLOCK_BUILD_METHOD = "_build_cache"
+#: The Parameter method that averages its contexts' arrays (``save_parameters``).
+PARAM_REDUCE_METHOD = "_reduce"
 
 
 class ParamView(_View):

@@ -22,7 +22,8 @@ import contextlib
 from mxamp.runtime.state import STATE
 
 #: What each kind of patch is, in the order ``amp.init`` applies them.
-KINDS = ("operator", "recording scope", "astype", "block hook", "reference flag", "example")
+KINDS = ("operator", "recording scope", "astype", "block hook", "parameter hook",
+         "reference flag", "example")
 
 _MISSING = object()
 
