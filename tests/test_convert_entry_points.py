@@ -175,6 +175,9 @@ def test_bad_input_raises_clear_errors(resnet18):
         convert_symbol(sym, "bfloat16", target_dtype_ops=["Conv2DTypo"])
     with pytest.raises(ValueError, match="target_dtype must be float16 or bfloat16"):
         convert_symbol(sym, "int8")
+    with pytest.raises(ValueError, match="both target_dtype_ops and fp32_ops: FullyConnected"):
+        convert_symbol(sym, "bfloat16", target_dtype_ops=["FullyConnected"],
+                       fp32_ops=["FullyConnected"])   # the argument named as the caller wrote it
     with pytest.raises(ValueError, match="not in the graph: conv_zero"):
         convert_symbol(sym, "bfloat16", excluded_sym_names=["conv_zero"])
     with pytest.raises(ValueError, match="not inputs of the symbol"):

@@ -203,7 +203,7 @@ class OpLists:
         if conditional_fp32_ops is not None:
             conditional = {e[0]: (e[1], tuple(str(v) for v in e[2])) for e in conditional_fp32_ops}
             given["conditional_fp32_ops"] = list(conditional)
-        _check_disjoint(given, canonical or {})
+        check_disjoint(given, canonical or {})
         if canonical:
             given, conditional = self._with_aliases(given, conditional, canonical)
         named = {n for names in given.values() for n in names}
@@ -285,8 +285,12 @@ def names_by_operator(names, canonical=None):
     return lambda op: groups.get(canonical.get(op, op), set()) | {op}
 
 
-def _check_disjoint(given, canonical):
-    """No operator (by its real name in ``canonical``) in two of the ``given`` lists."""
+def check_disjoint(given, canonical):
+    """No operator (by its real name in ``canonical``) in two of the ``given`` lists (argument
+    name -> op names): an :class:`~mxamp.errors.AmpArgumentError` naming both arguments.
+
+    >>> check_disjoint({'fp32_ops': ['exp'], 'target_dtype_ops': ['dot']}, {})
+    """
     keys = list(given)
     for i, a in enumerate(keys):
         for b in keys[i + 1:]:

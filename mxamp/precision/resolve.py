@@ -10,7 +10,7 @@ the op with all its aliases.
 """
 from mxamp.backend.registry import check_op_names, registered_ops
 from mxamp.errors import check_condition_list, check_name_list
-from mxamp.lists import get_op_lists, reference_view, symbol_bf16, symbol_fp16
+from mxamp.lists import check_disjoint, get_op_lists, reference_view, symbol_bf16, symbol_fp16
 
 
 def lists_for(target, target_precision_ops=None, fp32_ops=None, conditional_fp32_ops=None,
@@ -45,6 +45,11 @@ def lists_for(target, target_precision_ops=None, fp32_ops=None, conditional_fp32
             check_op_names(names, what)
     if conditional is not None:
         check_op_names([entry[0] for entry in conditional], "conditional_fp32_ops")
+    # named as the caller named them (convert_*: target_dtype_ops), before with_overrides does
+    named = {what: names for what, names in given.items() if names is not None}
+    if conditional is not None:
+        named["conditional_fp32_ops"] = [entry[0] for entry in conditional]
+    check_disjoint(named, registered_ops().canonical)
     return lists.with_overrides(target_precision_ops=given[low_precision_argument],
                                 fp32_ops=given["fp32_ops"], conditional_fp32_ops=conditional,
                                 canonical=registered_ops().canonical)
