@@ -73,7 +73,11 @@ def test_shape_words_read_the_data_input():
     assert shape_value("in_channels", {"layout": "NHWC"}, (8, 7, 9, 3)) == 3, "layout NHWC"
     assert shape_value("depthwise", {"num_group": 32}, (1, 32, 8, 8)) is True
     assert shape_value("depthwise", {"num_group": 1}, (1, 32, 8, 8)) is False
-    assert shape_value("spatial_size", {}, (0, 3, 8, 8)) is None, "0 means unknown in MXNet"
+    # 0 means unknown in MXNet's partial shapes: the batch does not matter to these words
+    assert shape_value("spatial_size", {}, (0, 3, 8, 8)) == 64
+    assert shape_value("spatial_size", {}, (0, 3, 0, 0)) is None
+    assert shape_value("in_channels", {}, (0, 3, 0, 0)) == 3
+    assert shape_value("in_channels", {}, (8, 0, 8, 8)) is None
     assert shape_value("in_channels", {}, None) is None
 
 

@@ -341,3 +341,34 @@ def test_a_gluon_model_with_tied_weights_converts_by_default(seed):
     assert stored["dense0_weight"] == LOW_NAME, stored
     err = rel_l2(out, want)
     assert err < 0.02 if BF16_KERNELS else err == 0.0, "rel L2 %.4f %s" % (err, where())
+
+
+@pytest.mark.cpu_class
+def test_channel_conditions_decide_from_the_weights_where_input_shapes_are_unknown(seed, caplog):
+    """The README's stem rule, ``('Convolution', 'in_channels', ['<=4'])``, on a model whose
+    first convolution reads 3 channels (its definition says so). A checkpoint through
+    convert_model, and a block that ran without mxamp converted without example_inputs,
+    have no input shapes: the condition counted as unknown, and the stem went to bfloat16.
+    The weights' shapes give the channels now. A spatial_size condition cannot be decided
+    without shapes; convert_hybrid_block says so."""
+    net = mx.gluon.nn.HybridSequential(prefix="stem_")
+    with net.name_scope():
+        net.add(mx.gluon.nn.Conv2D(16, 3, padding=1), mx.gluon.nn.Conv2D(16, 3, padding=1))
+    net.initialize()
+    net.hybridize()
+    net(mx.nd.ones((1, 3, 8, 8)))   # deferred in_channels: the graph's weights say (16, 0, 3, 3)
+    stem = [("Convolution", "in_channels", ["<=4"])]
+    sym = net._cached_graph[1]
+    args = {p.name: p.data() for p in net.collect_params().values()}
+    _, lp_args, _ = amp.convert_model(sym, args, {}, "bfloat16", conditional_fp32_ops=stem,
+                                      cast_optional_params=True)
+    got = {n: dtypes.name_of(v.dtype) for n, v in lp_args.items() if n.endswith("weight")}
+    assert got == {"stem_conv0_weight": "float32", "stem_conv1_weight": "bfloat16"}, got
+    lp = amp.convert_hybrid_block(net, "bfloat16", conditional_fp32_ops=stem)
+    got = {n: dtypes.name_of(p.dtype) for n, p in lp.collect_params().items()
+           if n.endswith("weight")}
+    assert got == {"stem_conv0_weight": "float32", "stem_conv1_weight": LOW_NAME}, (got, where())
+    with caplog.at_level("WARNING", logger="mxamp.conversion.convert"):
+        amp.convert_hybrid_block(net, "bfloat16",
+                                 conditional_fp32_ops=[("Convolution", "spatial_size", [">=1"])])
+    assert "spatial_size conditions on Convolution" in caplog.text, caplog.text

@@ -42,8 +42,9 @@ from mxamp.conversion.graph import (ConvertedBlock, block_context,  # noqa: F401
                                     inference_block, trace_graph)
 from mxamp.backend.mxnet_private import BucketingView, NumpySymbol
 from mxamp.backend.graphs import CAST_OPS, graph_nodes, op_names, param_dtypes
-from mxamp.conversion.precision_pass import (conditional_fp32_nodes, reduce_precision,
-                                             shared_params_kept_float32)
+from mxamp.conversion.precision_pass import (check_excluded, conditional_fp32_nodes,
+                                             reduce_precision, shared_params_kept_float32,
+                                             strip_output_casts)
 
 _LOG = logging.getLogger(__name__)
 
@@ -64,26 +65,6 @@ def _plan(target_dtype, where, target_dtype_ops, fp32_ops, conditional_fp32_ops,
 
 def _unlisted_ops(sym, lists):
     return sorted(op_names(sym) - lists.all_ops() - set(CAST_OPS))
-
-
-def _check_excluded(names, node_names):
-    unknown = sorted(set(names) - set(node_names))
-    if unknown:
-        raise AmpArgumentError(
-            "excluded_sym_names names nodes that are not in the graph: %s (node names are e.g. "
-            "%s)" % (", ".join(unknown), ", ".join(sorted(node_names)[:5])))
-
-
-def _strip_output_casts(converted, original):
-    """Undo the float32 casts the pass appends to each output (for ``fp32_outputs=False``)."""
-    outputs = []
-    for out in converted:
-        name = out.name or ""
-        if out.attr("dtype") == "float32" and name.endswith("_amp_cast_float32") and \
-                name not in original.get_internals().list_outputs():
-            out = out.get_children()[0]
-        outputs.append(out)
-    return outputs[0] if len(outputs) == 1 else mx.sym.Group(outputs)
 
 
 def _convert(sym, lists, excluded, data_names, cast_optional_params, fp32_outputs,
@@ -108,7 +89,7 @@ def _convert(sym, lists, excluded, data_names, cast_optional_params, fp32_output
         widest=set(lists.widest) | by_base.get("widest", set()), conditional_fp32=None,
         excluded=excluded, data_names=data_names, cast_params=bool(cast_optional_params))
     if not fp32_outputs:
-        converted = _strip_output_casts(converted, sym)
+        converted = strip_output_casts(converted, sym)
     if isinstance(sym, NumpySymbol):  # keep the numpy interface of the input
         converted = converted.as_np_ndarray()
     return converted
@@ -148,9 +129,17 @@ def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=
     >>> sorted(n['name'] for n in graph_nodes(lp) if n['op'] == 'amp_cast')[:2]
     ['data_amp_cast_bfloat16', 'fc_bias_amp_cast_bfloat16']
     """
+    return _convert_symbol(sym, target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+                           excluded_sym_names, data_names, cast_optional_params, fp32_outputs,
+                           allow_widest_overrides, policy)
+
+
+def _convert_symbol(sym, target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+                    excluded_sym_names, data_names, cast_optional_params, fp32_outputs,
+                    allow_widest_overrides, policy, known_shapes=None):
+    """:func:`convert_symbol`, with the input shapes known (``convert_model``: its parameters')."""
     if not isinstance(sym, mx.sym.Symbol):
-        raise AmpArgumentError("convert_symbol needs an mxnet Symbol, got %s"
-                               % type(sym).__name__)
+        raise AmpArgumentError("convert_symbol needs an mxnet Symbol, got %s" % type(sym).__name__)
     amp_plan = _plan(target_dtype, [symbol_device()], target_dtype_ops, fp32_ops,
                      conditional_fp32_ops, allow_widest_overrides, policy, "float16")
     lists = amp_plan.lists
@@ -161,7 +150,7 @@ def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=
         lists = lists.computing_in_fp32(lists.fp32_on_every_cpu)
     excluded = check_name_list(excluded_sym_names, "excluded_sym_names") or []
     node_names = [n["name"] for n in graph_nodes(sym)]
-    _check_excluded(excluded, node_names)
+    check_excluded(excluded, node_names)
     inputs = sym.list_inputs()
     if data_names is None:
         attrs = sym.attr_dict()
@@ -172,7 +161,8 @@ def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=
         raise AmpArgumentError("data_names %s are not inputs of the symbol (its inputs: %s)"
                                % (missing, ", ".join(inputs)))
     return _convert(sym, lists, excluded, data_names,
-                    _stores_low_precision(cast_optional_params, amp_plan), fp32_outputs)
+                    _stores_low_precision(cast_optional_params, amp_plan), fp32_outputs,
+                    known_shapes)
 
 
 def _stores_low_precision(cast_optional_params, amp_plan, sym=None):
@@ -217,10 +207,12 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
             raise AmpArgumentError("%s must be a dict of name -> NDArray, got %s"
                                    % (what, type(params).__name__))
     data_names = [n for n in sym.list_inputs() if n not in arg_params and n not in aux_params]
-    converted = convert_symbol(sym, target_dtype, target_dtype_ops, fp32_ops,
-                               conditional_fp32_ops, excluded_sym_names, data_names,
-                               cast_optional_params, fp32_outputs, allow_widest_overrides,
-                               policy)
+    shapes = {name: value.shape for params in (arg_params, aux_params)
+              for name, value in params.items()}   # weights give conditions their channels
+    converted = _convert_symbol(sym, target_dtype, target_dtype_ops, fp32_ops,
+                                conditional_fp32_ops, excluded_sym_names, data_names,
+                                cast_optional_params, fp32_outputs, allow_widest_overrides,
+                                policy, shapes)
     wanted = param_dtypes(converted)
     return converted, _cast_params(arg_params, wanted), _cast_params(aux_params, wanted)
 
@@ -267,7 +259,15 @@ def _example_shapes(inputs, example_inputs):
 
 
 def _say_if_shapes_are_unknown(shapes, amp_plan):
-    """A rule on shapes (the AMX guard) holds where shapes are unknown: say how to give them."""
+    """A rule on shapes (the AMX guard) holds where shapes are unknown, a condition on
+    ``spatial_size`` of the caller's does not: say how to give them."""
+    lists = amp_plan.lists
+    spatial = sorted({op for op in lists.conditional_fp32 for c in lists.conditions(op)
+                      if any(name == "spatial_size" for name, _ in c.tests)})
+    if not shapes and spatial:
+        _LOG.warning("mxamp: convert_hybrid_block does not know the input shapes, so the "
+                     "spatial_size conditions on %s hold nowhere. Pass example_inputs=<a "
+                     "batch> to decide them.", ", ".join(spatial))
     guarded = [d for d in amp_plan.device_plans if d.low_precision and any(
         c.if_unknown for conds in d.fp32_when.values() for c in conds)]
     if not shapes and guarded:
@@ -322,10 +322,11 @@ def convert_hybrid_block(block, target_dtype=None, target_dtype_ops=None, fp32_o
     lists = amp_plan.graph_lists()
     amp_plan.announce()
     excluded = check_name_list(excluded_sym_names, "excluded_sym_names") or []
-    _check_excluded(excluded, [n["name"] for n in graph_nodes(sym)])
+    check_excluded(excluded, [n["name"] for n in graph_nodes(sym)])
     shapes = _example_shapes(inputs, example_inputs) or recorded_input_shapes(block)
     _say_if_shapes_are_unknown(shapes, amp_plan)
-    converted = _convert(sym, lists, excluded, [i.name for i in inputs],
+    shapes = dict({p.name: p.shape for p in block.collect_params().values()}, **shapes)
+    converted = _convert(sym, lists, excluded, [i.name for i in inputs],  # weights: channels
                          _stores_low_precision(cast_optional_params, amp_plan, sym),
                          fp32_outputs, shapes)
     # Typed input variables spare SymbolBlock a "cannot decide type" warning.
@@ -368,7 +369,7 @@ def convert_bucketing_module(bucketing_mod, target_dtype=None, target_dtype_ops=
     excluded = check_name_list(excluded_sym_names, "excluded_sym_names") or []
     per_bucket = {key: {n["name"] for n in graph_nodes(mod.symbol)}
                   for key, mod in view.buckets.items()}
-    _check_excluded(excluded, set().union(*per_bucket.values()))
+    check_excluded(excluded, set().union(*per_bucket.values()))
     arg_params, aux_params = bucketing_mod.get_params()
     # buckets share their parameters, which can have one dtype only: None keeps them float32
     cast_optional_params = bool(cast_optional_params)

@@ -1,4 +1,5 @@
-"""MXNet's graph pass that inserts precision casts, and the nodes a float32 condition keeps.
+"""MXNet's graph pass that inserts precision casts, and what is handed to it: the nodes a float32
+condition keeps, the shared weights kept float32, the checked excluded names.
 
 The pass itself is C++ (``ReducePrecision`` in libmxnet, reached through the C function
 ``MXReducePrecisionSymbol``). It walks the graph once in topological order and, per node:
@@ -26,10 +27,13 @@ decided by :mod:`mxamp.conversion.convert` from :mod:`mxamp.lists`.
 import ctypes
 from array import array
 
+import mxnet as mx
 from mxnet.symbol import Symbol
 
 from mxamp import dtypes
-from mxamp.backend.graphs import data_shapes_of, graph_nodes
+from mxamp.errors import AmpArgumentError
+from mxamp.backend.graphs import CAST_OPS, data_shapes_of, graph_nodes
+from mxamp.lists.conditions import normalize_value
 from mxamp.backend.mxnet_private import (LIB, SymbolHandle, c_array_buf, c_str_array, check_call,
                                          mx_uint)
 
@@ -91,12 +95,44 @@ def conditional_fp32_nodes(sym, lists, known_shapes=None):
     rules = {op: lists.conditions(op) for op in lists.conditional_fp32}
     for op, conds in lists.device_conditions.items():
         rules[op] = tuple(rules.get(op, ())) + tuple(conds)
-    candidates = [n for n in graph_nodes(sym) if rules.get(n["op"])]
+    nodes = graph_nodes(sym)
+    candidates = [n for n in nodes if rules.get(n["op"])]
     need_shapes = [n for n in candidates if any(c.needs_shapes() for c in rules[n["op"]])]
     shapes = data_shapes_of(sym, need_shapes, known_shapes or {})
+    for node in need_shapes:
+        if shapes.get(node["name"]) is None:   # the data's channels, from the weight's shape
+            shapes[node["name"]] = channels_from_weight(node, nodes, known_shapes or {})
     return {n["name"] for n in candidates
             if any(c.holds(n.get("attrs", {}), shapes.get(n["name"]), False)
                    for c in rules[n["op"]])}
+
+
+def channels_from_weight(node, nodes, known_shapes):
+    """``(0, C, 0, ...)`` for a (de)convolution in an ``NC...`` layout whose weight's shape is
+    known (``known_shapes``: ``convert_model``'s parameters; or the ``__shape__`` a Gluon
+    parameter declares), though its data's is not: 0 marks what stays unknown, so conditions
+    on ``in_channels`` decide and those on ``spatial_size`` count as unknown. Else None.
+
+    >>> import mxnet as mx
+    >>> conv = mx.sym.Convolution(mx.sym.var('data'), kernel=(3, 3), num_filter=8, name='c')
+    >>> nodes = graph_nodes(conv)
+    >>> channels_from_weight(nodes[-1], nodes, {'c_weight': (8, 3, 3, 3)})
+    (0, 3, 0, 0)
+    """
+    attrs = node.get("attrs", {})
+    layout = str(attrs.get("layout", "None")).strip("'\" ")
+    if node["op"] not in ("Convolution", "Deconvolution") or len(node["inputs"]) < 2 or \
+            not (layout == "None" or layout.startswith("NC")):
+        return None
+    weight = nodes[node["inputs"][1][0]]
+    shape = known_shapes.get(weight["name"]) or normalize_value(
+        weight.get("attrs", {}).get("__shape__", "()"))
+    if weight["op"] != "null" or not isinstance(shape, tuple) or len(shape) < 3 or \
+            not all(shape[:2]):
+        return None
+    groups = normalize_value(attrs.get("num_group", 1))
+    channels = shape[0] if node["op"] == "Deconvolution" else shape[1] * groups
+    return (0, channels) + (0,) * (len(shape) - 2)
 
 
 def shared_params_kept_float32(sym, params, low_precision, excluded=()):
@@ -122,8 +158,30 @@ def shared_params_kept_float32(sym, params, low_precision, excluded=()):
         for source in node.get("inputs", []):
             readers.setdefault(source[0], {})[index] = node
     low_precision, excluded = set(low_precision), set(excluded)
+
+    def kinds(index):   # explicit casts take any dtype: the pass types those readers right
+        return {r["op"] in low_precision and r["name"] not in excluded
+                for r in readers.get(index, {}).values() if r["op"] not in CAST_OPS}
     return {node["name"] for index, node in enumerate(nodes)
-            if node["op"] == "null" and node["name"] in params
-            and len(readers.get(index, {})) > 1
-            and not all(r["op"] in low_precision and r["name"] not in excluded
-                        for r in readers[index].values())}
+            if node["op"] == "null" and node["name"] in params and kinds(index) == {True, False}}
+
+
+def strip_output_casts(converted, original):
+    """Undo the float32 casts the pass appends to each output (for ``fp32_outputs=False``)."""
+    outputs = []
+    for out in converted:
+        name = out.name or ""
+        if out.attr("dtype") == "float32" and name.endswith("_amp_cast_float32") and \
+                name not in original.get_internals().list_outputs():
+            out = out.get_children()[0]
+        outputs.append(out)
+    return outputs[0] if len(outputs) == 1 else mx.sym.Group(outputs)
+
+
+def check_excluded(names, node_names):
+    """``excluded_sym_names`` must name nodes of the graph (a typo would exclude nothing)."""
+    unknown = sorted(set(names) - set(node_names))
+    if unknown:
+        raise AmpArgumentError(
+            "excluded_sym_names names nodes that are not in the graph: %s (node names are e.g. "
+            "%s)" % (", ".join(unknown), ", ".join(sorted(node_names)[:5])))

@@ -119,12 +119,14 @@ def shape_value(word, attrs, data_shape):
 
     >>> shape_value('spatial_size', {}, (2, 64, 6, 6)), shape_value('depthwise', {'num_group': 32}, (1, 32, 8, 8))
     (36, True)
+    >>> shape_value('in_channels', {}, (0, 3, 0, 0)), shape_value('spatial_size', {}, (0, 3, 0, 0))
+    (3, None)
     """
-    if not data_shape or any(not d for d in data_shape) or len(data_shape) < 2:
+    if not data_shape or len(data_shape) < 2:
         return None
     axis = _channel_axis(attrs)
-    if axis >= len(data_shape):
-        return None
+    if axis >= len(data_shape) or not data_shape[axis]:
+        return None   # 0: a dimension shape inference left unknown
     channels = data_shape[axis]
     if word == "in_channels":
         return channels
@@ -147,7 +149,7 @@ def shape_value(word, attrs, data_shape):
         for i, d in enumerate(data_shape[1:], start=1):
             if i != axis:
                 size *= d
-        return size
+        return size or None
     raise ValueError("unknown shape word %r (known: %s)" % (word, ", ".join(SHAPE_WORDS)))
 
 
