@@ -1,6 +1,7 @@
-"""Recorded casts in front of inputs that get no gradient (comparisons, argmax, one_hot, numpy
-var): MXNet 1.9.1's imperative backward read an array the cast never kept and crashed
-(segmentation fault) where the same code without AMP runs (``mxamp.runtime.zero_grad``).
+"""Recorded casts that a zero gradient reaches (through comparisons, argmax, one_hot, numpy
+var, or abs then a comparison): MXNet 1.9.1's imperative backward read an array the cast never
+kept and crashed (segmentation fault) where the same code without AMP runs
+(``mxamp.runtime.zero_grad``).
 
 The models run in a child process: before the fix the crash took the whole process down.
 Their gradients are held against the same model hybridized (a graph keeps every array, and
@@ -39,6 +40,8 @@ class Gate(gluon.HybridBlock):
             return (s > 0) * self.value(x)
         if self.variant == "route":                 # top-1 routing
             return F.one_hot(F.argmax(s, axis=1), 6) * self.value(x)
+        if self.variant == "abs":                   # a chain before the comparison
+            return (F.abs(s) > 0.1) * self.value(x)
         return F.where(s > 0, self.value(x), F.zeros_like(s))
 
 def grads(variant, hybridize):
@@ -66,7 +69,7 @@ out["var"] = float(abs(dense.weight.grad()).sum())
 print("RESULT " + json.dumps(out))
 '''
 
-VARIANTS = ["mask", "route", "where"]
+VARIANTS = ["mask", "route", "abs", "where"]
 
 
 @pytest.mark.cpu_class

@@ -40,7 +40,6 @@ from mxamp.backend.mxnet_private import NumpySymbol, rebuild_symbol
 from mxamp.backend.devices import gpu_available
 from mxamp.backend.graphs import symbol_data_shape
 from mxamp.runtime.hooks import building_input_shapes
-from mxamp.runtime.zero_grad import keep_for_backward, zero_grad_slots
 from mxamp.precision.plan import amp_enabled, decide
 from mxamp.lists.bfloat16 import ONEDNN_TWINS
 from mxamp.lists.float16 import NO_CPU_KERNEL_WHY
@@ -138,15 +137,6 @@ def _ndarray_wrapper(func, rule):
     skip = _skip_names(rule, func)
     neutral = rule.category == "neutral" and not rule.fp32_on_cpu
     twin = _onednn_twin(rule)
-    # inputs this op gives a zero gradient: a recorded cast in front of one must keep the
-    # array it casts, or backward dereferences an empty array (mxamp.runtime.zero_grad)
-    no_grad = zero_grad_slots(rule.op_name, func)
-
-    def cast_input(args, kwargs, slot, arr, to):
-        out = STATE.recording_casts.cast(arr, to)
-        if no_grad is not None and out is not arr and is_recording() and no_grad(slot, kwargs):
-            keep_for_backward(arr)
-        _set(args, kwargs, slot, out)
 
     def wrapped(*args, **kwargs):
         if neutral:
@@ -168,7 +158,7 @@ def _ndarray_wrapper(func, rule):
                 arr = _get(args, kwargs, slot)
                 cur = array_dtype(arr)
                 if cur is not None and cur != to and (to != "float32" or cur != "float64"):
-                    cast_input(args, kwargs, slot, arr, to)
+                    _set(args, kwargs, slot, STATE.recording_casts.cast(arr, to))
         elif mode == "widest":
             found = [array_dtype(_get(args, kwargs, s)) for s in slots]
             kinds = {d for d in found if d is not None}
@@ -176,7 +166,8 @@ def _ndarray_wrapper(func, rule):
                 wide = dtypes.widest(kinds)
                 for slot, cur in zip(slots, found):
                     if cur is not None and cur != wide:
-                        cast_input(args, kwargs, slot, _get(args, kwargs, slot), wide)
+                        _set(args, kwargs, slot,
+                             STATE.recording_casts.cast(_get(args, kwargs, slot), wide))
         return func(*args, **kwargs)
 
     return wrapped

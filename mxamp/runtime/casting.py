@@ -24,6 +24,7 @@ import mxnet as mx
 from mxamp import dtypes
 from mxamp.backend.mxnet_private import NumpySymbol
 from mxamp.runtime.addto import addto_safe_array, addto_safe_symbol, gets_added
+from mxamp.runtime.zero_grad import keep_for_backward
 
 # Captured before any patching: mxamp's own casts must never go through wrapped functions.
 _ND_AMP_CAST = mx.nd.amp_cast
@@ -59,7 +60,8 @@ def cast(x, to):
     ``astype`` when ``to`` is not a float type and pass through unchanged otherwise) and
     Symbols (legacy or numpy; ``amp_cast`` leaves non-float inputs alone at run time). Casts to
     bfloat16 round to nearest (``astype`` would truncate). An input whose gradient MXNet may
-    add rather than write is copied first (:mod:`mxamp.runtime.addto`). Anything else is
+    add rather than write is copied first (:mod:`mxamp.runtime.addto`); while autograd records,
+    the array cast is kept for backward (:mod:`mxamp.runtime.zero_grad`). Anything else is
     returned as is.
 
     >>> cast(mx.np.ones((2,)), 'float16').dtype
@@ -90,6 +92,8 @@ def cast(x, to):
             legacy = legacy.astype("float32")
         out = _ND_AMP_CAST(legacy, dtype=dtypes.to_mx(to)) if to != "float64" \
             else legacy.astype("float64")
+        if mx.autograd.is_recording():   # a zero gradient reaching the cast reads its input
+            keep_for_backward(legacy)
     return out.as_np_ndarray() if is_np else out
 
 
