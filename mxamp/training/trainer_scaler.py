@@ -151,7 +151,7 @@ class TrainerScaler:
                          ", ".join(self.nonfinite_params), outcome.old_scale)
                 if outcome.stuck_at_min_scale and not self._warned_at_min_scale:
                     self._warned_at_min_scale = True
-                    # stacklevel 4: has_overflow <- Trainer._update <- Trainer.step <- the user's call
+                    # stacklevel 4: has_overflow <- Trainer._update <- step <- the caller
                     warnings.warn(self._stuck_message(), RuntimeWarning, stacklevel=4)
             if outcome.new_scale != outcome.old_scale:
                 LOG.info("mxamp: loss scale %g -> %g (%s)", outcome.old_scale,
