@@ -90,6 +90,24 @@ def test_probe_is_cached_per_machine_and_can_be_refreshed_or_bypassed(injected, 
     assert probe.machine_key() != first.key, "the ISA cap is part of the machine's key"
 
 
+def test_probe_cache_may_name_its_file(injected, monkeypatch, tmp_path, caplog):
+    """``MXAMP_PROBE_CACHE=/some/dir/probe.json`` is the cache file (two users of the project's
+    bug hunt set it so and expected it; it counted as "on" with a warning, and the probe wrote
+    to $XDG_CACHE_HOME)."""
+    use, calls = injected
+    use(FAST)
+    mine = tmp_path / "elsewhere" / "mine.json"
+    monkeypatch.setenv("MXAMP_PROBE_CACHE", str(mine))
+    with caplog.at_level("WARNING", logger="mxamp"):
+        first = probe.machine_probe()
+    assert probe.cache_path() == str(mine) and mine.exists() and not first.cached
+    assert "treating it as set" not in caplog.text, caplog.text
+    default = os.path.join(os.environ["XDG_CACHE_HOME"], "mxamp", "probe.json")
+    assert not os.path.exists(default), "the default file is left alone"
+    probe.forget()
+    assert probe.machine_probe().cached and len(calls) == 1, "read back from the named file"
+
+
 def test_probe_off_leaves_auto_to_the_class(injected, monkeypatch):
     use, calls = injected
     use(SLOW)

@@ -28,7 +28,8 @@ VARIABLES = {
     "MXAMP_DISABLE_AMX": (False, "on: never touch oneDNN's ISA (the 0.1.0 opt-out; wins over "
                                  "MXAMP_AMX)"),
     "MXAMP_PROBE": (True, "off: 'auto' follows the CPU class alone, no measurement"),
-    "MXAMP_PROBE_CACHE": (True, "off: the probe neither reads nor writes its cache file"),
+    "MXAMP_PROBE_CACHE": (True, "off: the probe neither reads nor writes its cache file; a "
+                                "path (with a '/' or ending in .json): the cache file to use"),
     "MXAMP_REPROBE": (False, "on: measure again even where the cache has a result"),
     "MXAMP_TRIM_HEAP": (None, "when amp.scale_loss gives the C heap's free pages back, between "
                               "forward and backward on the CPU; unset: on the steps where the "
@@ -116,10 +117,27 @@ def flag(name, environ=None):
     word = raw.strip().lower()
     if word in FALSE_WORDS:
         return False
-    if word not in TRUE_WORDS:
+    if word not in TRUE_WORDS and not (name in PATH_VARIABLES and path_value(name, environ)):
         _LOG.warning("%s=%r is not one of %s; treating it as set", name, raw,
                      "/".join(TRUE_WORDS))
     return True
+
+
+#: On/off switches that also take a file's path (which means on, and where).
+PATH_VARIABLES = ("MXAMP_PROBE_CACHE",)
+
+
+def path_value(name, environ=None):
+    """The value of ``name`` where it is a file's path (it has a ``/`` or ends in ``.json``),
+    else None.
+
+    >>> path_value('MXAMP_PROBE_CACHE', environ={'MXAMP_PROBE_CACHE': '/tmp/probe.json'})
+    '/tmp/probe.json'
+    >>> path_value('MXAMP_PROBE_CACHE', environ={'MXAMP_PROBE_CACHE': '1'}) is None
+    True
+    """
+    raw = (value(name, environ) or "").strip()
+    return raw if ("/" in raw or os.sep in raw or raw.endswith(".json")) else None
 
 
 #: variable -> (value, in words) that mxamp chose in this process (for the doctor)

@@ -136,11 +136,15 @@ def _mxamp_version():
 
 
 def cache_path():
-    """The cache file: ``$XDG_CACHE_HOME/mxamp/probe.json`` or ``~/.cache/mxamp/probe.json``.
+    """The cache file: ``MXAMP_PROBE_CACHE`` where it is a path, else
+    ``$XDG_CACHE_HOME/mxamp/probe.json`` or ``~/.cache/mxamp/probe.json``.
 
-    >>> cache_path().endswith('probe.json')
+    >>> cache_path().endswith('.json')
     True
     """
+    given = env.path_value("MXAMP_PROBE_CACHE")
+    if given:
+        return os.path.abspath(os.path.expanduser(given))
     root = env.value("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(root, "mxamp", _FILE)
 
