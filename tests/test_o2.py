@@ -368,16 +368,22 @@ def test_o2_with_patching_routes_ops_without_bf16_kernels(amp_off):
     assert err < 0.005, "O2 attention with batch_dot/LayerNorm must match fp32, rel err %g" % err
 
 
-def test_a_model_on_two_contexts_saves_and_loads_its_own_dtypes(seed, tmp_path):
+@pytest.mark.parametrize("how", ["cast_model", "amp.init + cast"])
+def test_a_model_on_two_contexts_saves_and_loads_its_own_dtypes(seed, tmp_path, how):
     """``save_parameters`` averages each parameter over its contexts, ``add_n(...) / 2``;
     under the amp.init that cast_model puts in force, that division of bfloat16 values
     computes in float32, and the file held float32 weights that ``load_parameters`` refused
-    ("dtype incompatible"). Each parameter is saved in its own dtype now; the two contexts
-    hold the same values, so the saved ones equal them exactly."""
+    ("dtype incompatible"). Each parameter is saved in its own dtype now, whichever way the
+    model became bfloat16; the two contexts hold the same values, so the saved ones equal
+    them exactly."""
     ctx = [mx.cpu(0), mx.cpu(1)]
     net = nn.Dense(4, in_units=8)
     net.initialize(mx.init.Xavier(), ctx=ctx)
-    amp.cast_model(net, "bfloat16")   # puts amp.init in force where bfloat16 computes
+    if how == "cast_model":
+        amp.cast_model(net, "bfloat16")   # puts amp.init in force where bfloat16 computes
+    else:   # the GluonCV R-CNN way: the model cast by hand, amp.init beside it
+        amp.init("bfloat16")
+        net.cast(dtypes.BFLOAT16)
     fname = str(tmp_path / "o2.params")
     net.save_parameters(fname)
     saved = mx.nd.load(fname)

@@ -53,13 +53,13 @@ from mxamp.conversion.o2_layers import (MIXED_INPUT_NORMS, cast_nested, fp32_com
                                         fp32_island, fp32_where, layer_conditions,
                                         trains_in_float32)
 from mxamp.runtime.depthwise_graphs import FLOAT32_GRAPH, TREATMENT_ATTR
-from mxamp.runtime.hooks import fix_astype, hook_block_graphs, leave_graph_treatments
+from mxamp.runtime.hooks import (fix_astype, hook_block_graphs, keep_dtype_when_contexts_average,
+                                 leave_graph_treatments)
 from mxamp.errors import AmpArgumentError, as_input_tuple
 from mxamp.lists.float16 import NO_CPU_KERNEL, NO_CPU_KERNEL_WHY
 from mxamp.conversion.graph import block_context
-from mxamp.backend.mxnet_private import (PARAM_REDUCE_METHOD, BlockView, ParamView,
-                                         convolution_groups, to_default_layout)
-from mxamp.runtime.patches import is_replaced, replace
+from mxamp.backend.mxnet_private import (BlockView, ParamView, convolution_groups,
+                                         to_default_layout)
 from mxamp.runtime.state import STATE
 
 LOG = logging.getLogger(__name__)
@@ -301,29 +301,10 @@ def _install_casts(block, islands, compute, output_dtype):
         fp32_island(island, compute)
     _model_boundary(block, compute, output_dtype)
     hook_block_graphs(block.__dict__.get(TREATMENT_ATTR))  # shapes for _fp32_where; treatment
-    _keep_dtype_when_contexts_average()
+    keep_dtype_when_contexts_average()
     fix_astype()  # outputs kept in bfloat16 (output_dtype=None) convert with astype
     block.apply(lambda b: BlockView(b).clear_cached_op() if isinstance(b, HybridBlock)
                 else None)
-
-
-def _keep_dtype_when_contexts_average():
-    """``save_parameters`` averages a parameter's contexts (``add_n(...) / n``); under the
-    ``amp.init`` that cast_model puts in force, the division of bfloat16 values computes in
-    float32 (slow in bfloat16 on a CPU), so a model on two contexts saved float32 weights that
-    its own ``load_parameters`` refused. The average, computed as it is, is cast back to the
-    parameter's dtype."""
-    original = vars(mx.gluon.Parameter)[PARAM_REDUCE_METHOD]
-    if is_replaced(mx.gluon.Parameter, PARAM_REDUCE_METHOD):
-        return
-
-    @functools.wraps(original)
-    def reduce_in_own_dtype(param):
-        data = original(param)
-        if data.stype == "default" and dtypes.name_of(data.dtype) != dtypes.name_of(param.dtype):
-            data = cast(data, dtypes.name_of(param.dtype))
-        return data
-    replace(mx.gluon.Parameter, PARAM_REDUCE_METHOD, reduce_in_own_dtype, kind="parameter hook")
 
 
 def _route_or_warn(target, compute, opaque, route_operators):

@@ -30,7 +30,8 @@ from mxamp.patching.loss_outputs import wrap_loss_output
 from mxamp.precision import plan
 from mxamp.runtime import patches
 from mxamp.runtime.addto_hooks import hook_addto_sources
-from mxamp.runtime.hooks import drop_amp_graphs, fix_astype, hook_block_graphs, hook_record_scopes
+from mxamp.runtime.hooks import (drop_amp_graphs, fix_astype, hook_block_graphs, hook_record_scopes,
+                                 keep_dtype_when_contexts_average)
 from mxamp.runtime.patches import replace, undo_all
 from mxamp.runtime.state import STATE
 
@@ -105,6 +106,7 @@ def _apply(amp_plan):
         return
     hook_record_scopes()
     fix_astype()  # bfloat16 oneDNN outputs: astype through amp_cast
+    keep_dtype_when_contexts_average()  # bfloat16 parameters saved from several contexts
 
 
 def init(target_dtype=None, target_precision_ops=None, conditional_fp32_ops=None,

@@ -2,6 +2,8 @@
 
 * :func:`fix_astype`: ``astype`` to or from bfloat16 goes through ``amp_cast`` (MXNet's own
   ``astype`` cannot copy a oneDNN-layout bfloat16 array);
+* :func:`keep_dtype_when_contexts_average`: a parameter averaged over its contexts
+  (``save_parameters``) keeps its dtype;
 * :func:`hook_record_scopes`: the per-``record()`` cast cache opens and closes with autograd's
   recording scopes;
 * :func:`hook_block_graphs`: a hybridized block rebuilds a graph built under another AMP
@@ -17,6 +19,9 @@
 
 :func:`record_input_shapes` (installed by ``import mxamp`` where AMX is on) is not undone: it
 only remembers the shapes each block built its graph with.
+
+Why over 400 lines: it is the one home of the hooks mxamp installs in MXNet's classes, each
+beside its undo's reasons; split by hook, each part would repeat the registry's conventions.
 
 All are undone by ``amp.reset()`` (:func:`mxamp.runtime.patches.undo_all`), which first
 drops the graphs built under AMP (:func:`drop_amp_graphs`), so that they are rebuilt without
@@ -86,6 +91,30 @@ def fix_astype():
 
         astype.__name__, astype.__doc__ = original.__name__, original.__doc__
         replace(cls, "astype", astype, kind="astype")
+
+
+def keep_dtype_when_contexts_average():
+    """``save_parameters`` averages a parameter's contexts (``add_n(...) / n``); under
+    ``amp.init`` the division of bfloat16 values computes in float32 (slow in bfloat16 on a
+    CPU), so a bfloat16 model on two contexts (``cast_model``) saved float32 weights that its
+    own ``load_parameters`` refused. The average, computed as it is, is cast back to the
+    parameter's dtype. Installed by ``amp.init`` and ``cast_model``; undone by ``amp.reset()``.
+
+    >>> keep_dtype_when_contexts_average(); is_replaced(mx.gluon.Parameter, mxp.PARAM_REDUCE_METHOD)
+    True
+    """
+    owner = mx.gluon.Parameter
+    if is_replaced(owner, mxp.PARAM_REDUCE_METHOD):
+        return
+    original = vars(owner)[mxp.PARAM_REDUCE_METHOD]
+
+    def reduce_in_own_dtype(param):
+        data = original(param)
+        if data.stype == "default" and dtypes.name_of(data.dtype) != dtypes.name_of(param.dtype):
+            data = cast(data, dtypes.name_of(param.dtype))
+        return data
+    reduce_in_own_dtype.__name__, reduce_in_own_dtype.__doc__ = original.__name__, original.__doc__
+    replace(owner, mxp.PARAM_REDUCE_METHOD, reduce_in_own_dtype, kind="parameter hook")
 
 
 def hook_record_scopes():

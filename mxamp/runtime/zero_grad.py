@@ -32,11 +32,11 @@ import mxnet as mx
 
 # Captured before any patching, like mxamp's casts (mxamp.runtime.casting).
 _ND_SHAPE_ARRAY = mx.nd.shape_array
-_NDArray = mx.nd.NDArray
 
 
 def keep_for_backward(arr):
-    """Make autograd keep ``arr`` (an NDArray it records) until backward: record a tiny op
+    """Make autograd keep ``arr`` (a legacy NDArray it records: :func:`mxamp.runtime.casting.cast`
+    hands over the one it casts) until backward: record a tiny op
     whose gradient refers to its input (``shape_array``), and drop its result. That node is
     never in a backward graph; what it leaves is ``arr`` saved in its producer's record, where
     the ``zeros_like`` of a cast's backward finds it.
@@ -45,7 +45,5 @@ def keep_for_backward(arr):
     >>> with mx.autograd.record():
     ...     keep_for_backward(x * 2)
     """
-    if not isinstance(arr, _NDArray) or arr.stype != "default":
-        return
-    legacy = arr.as_nd_ndarray() if isinstance(arr, mx.np.ndarray) else arr
-    _ND_SHAPE_ARRAY(legacy)
+    if arr.stype == "default":
+        _ND_SHAPE_ARRAY(arr)
